@@ -1,0 +1,38 @@
+"""pagedkv: how vLLM manages the KV cache in pages, as a small readable package.
+
+Layers, lowest first (a module only imports the ones above it in this list):
+sizing -> blocks -> prefix -> manager -> cache -> kernels -> paged_cache -> decoding -> sim -> viz.
+"""
+
+from .kernels import CUDA_MODE, paged_attention, reference_paged_attention  # first: sets the CUDA mode
+from .blocks import BlockAllocator, FreeBlockQueue
+from .cache import CacheEngine
+from .errors import (
+    BlockTableError,
+    DoubleFreeError,
+    DuplicateSequenceError,
+    EmptyPromptError,
+    NoFreeBlocksError,
+    PagedKVError,
+    PagedKVKeyError,
+    PagedKVValueError,
+    ShapeError,
+    UnknownSequenceError,
+    WrongDeviceError,
+)
+from .manager import AllocStatus, BlockSpaceManager
+from .paged_cache import CacheEvent, PagedKVCache
+from .prefix import hash_block_tokens
+from .sizing import MODELS, ModelSpec, cache_block_bytes, num_cpu_blocks, num_gpu_blocks
+from .state import BlockState, ManagerState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllocStatus", "BlockAllocator", "BlockSpaceManager", "BlockState", "BlockTableError", "CUDA_MODE",
+    "CacheEngine", "CacheEvent", "DoubleFreeError", "DuplicateSequenceError", "EmptyPromptError",
+    "FreeBlockQueue", "MODELS", "ManagerState", "ModelSpec", "NoFreeBlocksError", "PagedKVCache",
+    "PagedKVError", "PagedKVKeyError", "PagedKVValueError", "ShapeError", "UnknownSequenceError",
+    "WrongDeviceError", "cache_block_bytes", "hash_block_tokens", "num_cpu_blocks", "num_gpu_blocks",
+    "paged_attention", "reference_paged_attention",
+]

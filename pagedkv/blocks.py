@@ -1,0 +1,144 @@
+"""Layer 2 — physical blocks, their reference counts, and the free queue.
+
+A *block* is a fixed-size page of KV cache.  The allocator hands blocks out
+and takes them back; a block shared by several sequences (after a fork, or a
+prefix-cache hit) carries a reference count and returns to the free queue only
+when the last user lets go.
+
+The free blocks wait in a doubly linked list (:class:`FreeBlockQueue`), as in
+vLLM's ``FreeKVCacheBlockQueue`` (``vllm/v1/core/kv_cache_utils.py``): blocks
+leave from the head, freed blocks join at the tail, and a block that is wanted
+again while still queued (a prefix-cache hit) can be pulled out of the middle
+in O(1).  So the queue is least-recently-freed first: an LRU order for free.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+from .errors import DoubleFreeError, NoFreeBlocksError, PagedKVValueError
+
+
+class KVBlock:
+    """Metadata of one physical block; the data lives in the cache tensors."""
+
+    __slots__ = ("block_id", "ref_count", "prev_free", "next_free")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.prev_free: KVBlock | None = None  # links, set only while in the free queue
+        self.next_free: KVBlock | None = None
+
+    def __repr__(self) -> str:
+        return f"KVBlock(id={self.block_id}, ref_count={self.ref_count})"
+
+
+class FreeBlockQueue:
+    """A doubly linked list of free blocks with sentinel ends.
+
+    ``popleft``, ``append`` and ``remove`` are all O(1): no list shifting, no search.
+    """
+
+    def __init__(self, blocks: list[KVBlock]):
+        self._head = KVBlock(-1)  # sentinels: never handed out, never empty-checked
+        self._tail = KVBlock(-1)
+        self._head.next_free, self._tail.prev_free = self._tail, self._head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def append(self, block: KVBlock) -> None:
+        last = self._tail.prev_free
+        last.next_free, block.prev_free = block, last
+        block.next_free, self._tail.prev_free = self._tail, block
+        self.num_free_blocks += 1
+
+    def popleft(self) -> KVBlock:
+        if self.num_free_blocks == 0:
+            raise NoFreeBlocksError("no free blocks are left; free a sequence or swap one out first.")
+        block = self._head.next_free
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVBlock) -> None:
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def __iter__(self):
+        node = self._head.next_free
+        while node is not self._tail:
+            yield node
+            node = node.next_free
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+class BlockAllocator:
+    """Hands out the blocks of one device pool and counts who uses each.
+
+    ``allocate()`` gives the block at the head of the free queue with ref count 1;
+    ``incref()`` adds a user (pulling the block out of the free queue if it was
+    there); ``free()`` removes a user and queues the block at the tail once
+    nobody uses it.  vLLM v0's ``vllm/core/block_manager_v1.py`` and v1's
+    ``vllm/v1/core/block_pool.py`` do the same with more bookkeeping.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if not isinstance(num_blocks, int) or num_blocks < 0:
+            raise PagedKVValueError(f"num_blocks must be an integer >= 0, got {num_blocks!r}.")
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise PagedKVValueError(f"block_size must be a positive integer, got {block_size!r}.")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def allocate(self) -> int:
+        """Take the block at the head of the free queue; its ref count becomes 1."""
+        block = self.free_queue.popleft()
+        block.ref_count = 1
+        return block.block_id
+
+    def incref(self, block_id: int) -> int:
+        """One more user of ``block_id``; a free block is taken back out of the queue."""
+        block = self._block(block_id)
+        if block.ref_count == 0:
+            self.free_queue.remove(block)
+        block.ref_count += 1
+        return block.ref_count
+
+    def free(self, block_id: int) -> int:
+        """One user fewer; at 0 the block joins the tail of the free queue. Returns the new count."""
+        block = self._block(block_id)
+        if block.ref_count == 0:
+            raise DoubleFreeError(
+                f"block {block_id} is already free (ref count 0): each allocate() or incref() "
+                "is matched by exactly one free()."
+            )
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_queue.append(block)
+        return block.ref_count
+
+    def refcount(self, block_id: int) -> int:
+        return self._block(block_id).ref_count
+
+    def free_block_ids(self) -> list[int]:
+        """The free blocks in the order ``allocate()`` will hand them out."""
+        return [block.block_id for block in self.free_queue]
+
+    def _block(self, block_id: int) -> KVBlock:
+        if not isinstance(block_id, Integral) or not 0 <= block_id < self.num_blocks:
+            raise PagedKVValueError(
+                f"block id {block_id!r} is outside this pool of {self.num_blocks} blocks "
+                f"(valid ids are 0..{self.num_blocks - 1})."
+            )
+        return self.blocks[int(block_id)]

@@ -1,0 +1,114 @@
+"""Layer 5 — the physical KV cache: the tensors the block tables point into.
+
+Each pool (``"gpu"``, and ``"cpu"`` for swapped-out blocks) holds a key and a
+value tensor shaped ``[num_blocks, block_size, num_kv_heads, head_size]``, so
+``key_cache[b, i]`` is the key of the token in slot ``i`` of block ``b``.
+The three operations mirror vLLM's CUDA ops (``csrc/cache_kernels.cu``):
+``write`` is ``reshape_and_cache``, ``copy_blocks`` does copy-on-write copies
+and ``swap`` is ``swap_blocks``; ``vllm/worker/cache_engine.py`` owns the tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import PagedKVValueError, ShapeError
+
+
+class CacheEngine:
+    """Allocates the K/V tensors of both pools and moves data between blocks."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                 num_cpu_blocks: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.dtype = dtype
+        # The "gpu" pool lives on `device`; without a GPU, CPU tensors stand in for it.
+        self.pools = {
+            "gpu": self._empty_pool(num_gpu_blocks, torch.device(device)),
+            "cpu": self._empty_pool(num_cpu_blocks, torch.device("cpu")),
+        }
+
+    def _empty_pool(self, num_blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        return (torch.zeros(shape, dtype=self.dtype, device=device),
+                torch.zeros(shape, dtype=self.dtype, device=device))
+
+    @property
+    def key_cache(self) -> torch.Tensor:
+        return self.pools["gpu"][0]
+
+    @property
+    def value_cache(self) -> torch.Tensor:
+        return self.pools["gpu"][1]
+
+    def num_blocks(self, pool: str = "gpu") -> int:
+        return self._pool(pool)[0].shape[0]
+
+    def check_kv(self, k: torch.Tensor, v: torch.Tensor, num_tokens: int | None = None) -> None:
+        """Raise ShapeError unless ``k`` and ``v`` are ``[num_tokens, num_kv_heads, head_size]`` of our dtype."""
+        expected = (num_tokens if num_tokens is not None else "n", self.num_kv_heads, self.head_size)
+        for name, t in (("keys", k), ("values", v)):
+            if not isinstance(t, torch.Tensor):
+                raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+            shape_ok = t.dim() == 3 and tuple(t.shape[1:]) == expected[1:]
+            if not shape_ok or (num_tokens is not None and t.shape[0] != num_tokens):
+                raise ShapeError(f"{name} has shape {tuple(t.shape)}; expected {expected} "
+                                 "(tokens, num_kv_heads, head_size).")
+            if t.dtype != self.dtype:
+                raise ShapeError(f"{name} has dtype {t.dtype}; this cache stores {self.dtype}. "
+                                 f"Convert with .to({self.dtype}).")
+        if k.shape[0] != v.shape[0]:
+            raise ShapeError(f"keys ({k.shape[0]} tokens) and values ({v.shape[0]} tokens) differ in length.")
+
+    def write(self, slot_mapping, k: torch.Tensor, v: torch.Tensor, pool: str = "gpu") -> None:
+        """Store token ``i`` at block ``slot // block_size``, offset ``slot % block_size``; slot -1 is skipped."""
+        key_cache, value_cache = self._pool(pool)
+        slots = torch.as_tensor(slot_mapping, dtype=torch.long).reshape(-1)
+        self.check_kv(k, v, num_tokens=slots.numel())
+        num_slots = key_cache.shape[0] * self.block_size
+        if slots.numel() and (slots.min() < -1 or slots.max() >= num_slots):
+            raise PagedKVValueError(f"slot_mapping holds {slots.min().item()}..{slots.max().item()}, "
+                                    f"but this pool has slots 0..{num_slots - 1} (-1 means skip).")
+        keep = slots >= 0
+        flat_k = key_cache.view(-1, self.num_kv_heads, self.head_size)  # slot-major view, no copy
+        flat_v = value_cache.view(-1, self.num_kv_heads, self.head_size)
+        flat_k[slots[keep]] = k[keep].to(key_cache.device)
+        flat_v[slots[keep]] = v[keep].to(value_cache.device)
+
+    def copy_blocks(self, pairs, pool: str = "gpu") -> None:
+        """Copy whole blocks ``src -> dst`` inside one pool (all copy-on-write copies at once)."""
+        if not pairs:
+            return
+        src, dst = self._block_indices(pairs, pool, pool)
+        for cache in self._pool(pool):
+            cache[dst] = cache[src]  # the right side is gathered first, so copies don't interfere
+
+    def swap(self, src_pool: str, dst_pool: str, pairs) -> None:
+        """Copy blocks between pools: ``(src_block, dst_block)`` pairs, e.g. GPU -> CPU on swap-out."""
+        if not pairs:
+            return
+        src, dst = self._block_indices(pairs, src_pool, dst_pool)
+        for src_cache, dst_cache in zip(self._pool(src_pool), self._pool(dst_pool)):
+            dst_cache[dst] = src_cache[src].to(dst_cache.device)
+
+    def read_blocks(self, block_table, num_tokens: int, pool: str = "gpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``num_tokens`` keys and values stored in ``block_table``'s blocks, in order."""
+        index = torch.as_tensor(block_table, dtype=torch.long)
+        return tuple(cache[index].reshape(-1, self.num_kv_heads, self.head_size)[:num_tokens].clone()
+                     for cache in self._pool(pool))
+
+    def _pool(self, pool: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if pool not in self.pools:
+            raise PagedKVValueError(f"pool must be 'gpu' or 'cpu', got {pool!r}.")
+        return self.pools[pool]
+
+    def _block_indices(self, pairs, src_pool: str, dst_pool: str) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(list(pairs), dtype=torch.long).reshape(-1, 2)
+        for column, pool in ((0, src_pool), (1, dst_pool)):
+            n = self.num_blocks(pool)
+            if index[:, column].min() < 0 or index[:, column].max() >= n:
+                raise PagedKVValueError(f"block pairs {list(pairs)} name a block outside the {pool} pool "
+                                        f"(valid ids 0..{n - 1}).")
+        return index[:, 0], index[:, 1]

@@ -1,0 +1,49 @@
+"""Layer 6 — paged attention: numba.cuda kernels, a numba CPU twin, and the dense torch reference.
+
+``configure_cuda_mode()`` runs first, before anything here imports
+``numba.cuda``, because numba reads ``NUMBA_ENABLE_CUDASIM`` only once.
+"""
+
+from __future__ import annotations
+
+from .backend import configure_cuda_mode
+
+CUDA_MODE = configure_cuda_mode()
+
+from .cpu import paged_attention_cpu  # noqa: E402  (must come after the mode is set)
+from .cuda import paged_attention_cuda  # noqa: E402
+from .reference import gather_kv, reference_paged_attention  # noqa: E402
+from .validate import check_attention_args  # noqa: E402
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """``"auto"`` is ``"cuda"`` on a real GPU and the numba CPU twin otherwise."""
+    if backend == "auto":
+        return "cpu" if CUDA_MODE.simulator else "cuda"
+    return backend
+
+
+def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale=None, *,
+                    backend="auto", partition_size=None):
+    """One decode step of attention over a paged KV cache.
+
+    ``query [num_seqs, num_heads, head_size]``; caches ``[num_blocks, block_size,
+    num_kv_heads, head_size]``; ``block_tables int32 [num_seqs, max_blocks_per_seq]``;
+    ``seq_lens int32 [num_seqs]``.  Returns ``[num_seqs, num_heads, head_size]`` in
+    the query's dtype.  ``partition_size`` (a multiple of block_size) selects the
+    partitioned v2 kernel on the ``"cuda"`` backend.
+    """
+    shape = check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, scale,
+                                 backend, partition_size)
+    backend = resolve_backend(backend)
+    if backend == "torch":
+        return reference_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape.scale)
+    if backend == "cpu":
+        tensors = [t.cpu() for t in (query, key_cache, value_cache, block_tables, seq_lens)]
+        return paged_attention_cpu(*tensors, shape.scale).to(query.device)
+    return paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, shape, CUDA_MODE,
+                                partition_size)
+
+
+__all__ = ["CUDA_MODE", "paged_attention", "reference_paged_attention", "resolve_backend", "gather_kv",
+           "check_attention_args"]

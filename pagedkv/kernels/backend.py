@@ -1,0 +1,89 @@
+"""Choose how ``numba.cuda`` runs: on a real GPU, or in numba's CUDA simulator.
+
+``numba.cuda`` reads ``NUMBA_ENABLE_CUDASIM`` once, when it is first imported,
+so this runs before anything in pagedkv imports it.  The rule:
+
+1. if you set ``NUMBA_ENABLE_CUDASIM`` yourself, that wins;
+2. otherwise ask the NVIDIA driver (NVML, through ctypes, which does *not*
+   create a CUDA context in this process) how many GPUs there are, and turn the
+   simulator on when there are none.
+
+Inside the simulator ``numba.cuda.is_available()`` is always True, so the mode
+is read from numba's config, never from that call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CudaMode:
+    simulator: bool  # True: kernels run in numba's CUDA simulator (Python threads on the CPU)
+    reason: str  # why, in words
+
+    def describe(self) -> str:
+        where = "numba's CUDA simulator (slow, tiny launches only)" if self.simulator else "a CUDA GPU"
+        return f"numba.cuda kernels run on {where}: {self.reason}"
+
+
+def nvml_gpu_count() -> int | None:
+    """GPUs the NVIDIA driver sees, or None when no driver is installed."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    count = ctypes.c_uint(0)
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else 0
+    finally:
+        nvml.nvmlShutdown()
+
+
+def detect_gpu() -> tuple[bool, str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False, f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    count = nvml_gpu_count()
+    if count is None:
+        return False, "no NVIDIA driver found (libnvidia-ml.so.1 cannot be loaded)"
+    if count == 0:
+        return False, "the NVIDIA driver reports no usable GPU"
+    return True, f"the NVIDIA driver reports {count} GPU(s)"
+
+
+def _simulator_in_numba_config() -> bool | None:
+    """The mode numba.cuda was (or will be) imported in, from numba's own config."""
+    for name in ("numba.cuda.core.config", "numba.core.config"):
+        config = sys.modules.get(name)
+        if config is not None:
+            return bool(config.ENABLE_CUDASIM)
+    return None
+
+
+def configure_cuda_mode(announce: bool = True) -> CudaMode:
+    """Set ``NUMBA_ENABLE_CUDASIM`` for this process (unless you did) and report the mode."""
+    user_value = os.environ.get("NUMBA_ENABLE_CUDASIM")
+    if user_value is not None:
+        mode = CudaMode(user_value.strip() not in ("", "0"), f"you set NUMBA_ENABLE_CUDASIM={user_value}")
+    else:
+        has_gpu, why = detect_gpu()
+        mode = CudaMode(not has_gpu, why)
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if has_gpu else "1"
+    for name in ("numba.core.config", "numba.cuda.core.config"):  # imported already: re-read the variable
+        if name in sys.modules:
+            sys.modules[name].reload_config()
+
+    if "numba.cuda" in sys.modules and _simulator_in_numba_config() != mode.simulator:
+        print(f"pagedkv: numba.cuda was imported before pagedkv in the other mode; {mode.describe()} "
+              "only after a restart. Fix: import pagedkv first, or set NUMBA_ENABLE_CUDASIM="
+              f"{int(mode.simulator)} before starting Python.", file=sys.stderr)
+    elif announce and mode.simulator and user_value is None and not os.environ.get("PAGEDKV_QUIET"):
+        print(f"pagedkv: no CUDA GPU ({mode.reason}); numba.cuda kernels run in numba's CUDA simulator.",
+              file=sys.stderr)
+    return mode

@@ -1,0 +1,343 @@
+"""The numba.cuda paged attention kernels, written to be read next to vLLM's.
+
+vLLM's CUDA version is ``csrc/attention/attention_kernels.cuh``
+(``paged_attention_kernel`` and ``paged_attention_v2_reduce_kernel``).
+
+One decode step: every sequence has one new query vector per head and attends
+over all its cached tokens, which live in blocks scattered anywhere in the
+cache.  The block table says where: token ``i`` of a sequence sits in physical
+block ``block_table[i // block_size]`` at slot ``i % block_size``.
+
+* **v1**: grid ``(num_heads, num_seqs)``, one thread block per (head, sequence),
+  attends over the whole sequence.
+* **v2** (flash-decoding): grid ``(num_heads, num_seqs, num_partitions)``; each
+  thread block attends over one partition of the tokens and writes its max
+  logit, its sum of exponentials and its partial output; a reduce kernel then
+  rescales and combines the partitions.  More thread blocks for long contexts,
+  and the logits of one partition always fit in shared memory.
+
+Both call the same body, :func:`attend`, over a token range ``[start, end)``.
+Two reduction *flavours* are chosen when a kernel is built:
+
+* ``"tree"``: one thread per token for ``q.k``, block-wide max/sum with a
+  shared-memory tree.  The teaching kernel, and the one the simulator runs.
+* ``"shuffle"``: one warp per token, its 32 lanes splitting ``head_size`` and
+  combining with warp shuffles, as vLLM does.  Faster on a GPU; never in the
+  simulator, which has no real warps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import sys
+
+import numpy as np
+import torch
+from numba import cuda, float32
+
+from ..errors import PagedKVValueError
+from .backend import CudaMode
+
+WARP_SIZE = 32
+FULL_MASK = 0xFFFFFFFF
+NEG_INF = np.float32(-3.4e38)  # "minus infinity" that stays finite, so max() needs no special case
+PARTITION_SIZE = 512  # v2's default partition, as in vLLM
+MAX_V1_TOKENS = 8192  # 32 KB of float32 logits: v1 past this would overflow 48 KB of static shared memory
+
+
+@cuda.jit(device=True, inline=True)
+def _max(a, b):
+    return max(a, b)
+
+
+@cuda.jit(device=True, inline=True)
+def _add(a, b):
+    return a + b
+
+
+def tree_reduction(combine, num_threads):
+    """Block-wide reduction through shared memory: halve the active threads each round."""
+
+    @cuda.jit(device=True)
+    def reduce(red, value):
+        tid = cuda.threadIdx.x
+        red[tid] = value
+        cuda.syncthreads()
+        stride = num_threads // 2
+        while stride > 0:
+            if tid < stride:
+                red[tid] = combine(red[tid], red[tid + stride])
+            cuda.syncthreads()
+            stride //= 2
+        result = red[0]
+        cuda.syncthreads()  # everyone has read red[0] before red is reused
+        return result
+
+    return reduce
+
+
+def warp_reduction(combine):
+    """Combine a value across the 32 lanes of a warp with butterfly shuffles; every lane gets the result."""
+
+    @cuda.jit(device=True)
+    def reduce(value):
+        offset = WARP_SIZE // 2
+        while offset > 0:
+            value = combine(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
+            offset //= 2
+        return value
+
+    return reduce
+
+
+def shuffle_reduction(combine, num_warps):
+    """Block-wide reduction: shuffles inside each warp, then one value per warp through shared memory."""
+    warp_reduce = warp_reduction(combine)
+
+    @cuda.jit(device=True)
+    def reduce(red, value):
+        lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
+        value = warp_reduce(value)
+        if lane == 0:
+            red[warp] = value
+        cuda.syncthreads()
+        result = red[0]
+        for w in range(1, num_warps):
+            result = combine(result, red[w])
+        cuda.syncthreads()
+        return result
+
+    return reduce
+
+
+@functools.lru_cache(maxsize=None)
+def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: str, logits_len: int,
+                  jit: bool = True):
+    """Build the v1, v2 and reduce kernels for one set of compile-time sizes (cached).
+
+    ``logits_len`` is how many tokens one thread block handles at most: the
+    longest sequence for v1, the partition size for v2.  With ``jit=False`` the
+    kernels come back as plain Python functions, for ``cuda.compile_ptx``.
+    """
+    if flavour not in ("tree", "shuffle"):
+        raise PagedKVValueError(f"flavour must be 'tree' or 'shuffle', got {flavour!r}.")
+    min_threads = WARP_SIZE if flavour == "shuffle" else 1
+    if num_threads & (num_threads - 1) or num_threads < min_threads:
+        raise PagedKVValueError(f"num_threads must be a power of two >= {min_threads} for the {flavour!r} "
+                                f"kernel, got {num_threads}.")
+    num_warps = max(1, num_threads // WARP_SIZE)
+    dims_per_lane = -(-head_size // WARP_SIZE)
+    out_red_len = num_warps * head_size if flavour == "shuffle" else 1
+
+    if flavour == "tree":
+        block_max = tree_reduction(_max, num_threads)
+        block_sum = tree_reduction(_add, num_threads)
+
+        @cuda.jit(device=True)
+        def qk_logits(q_s, key_cache, block_table, kv_head, start, end, scale, logits):
+            """Thread t computes q.k for tokens start+t, start+t+num_threads, ..."""
+            local_max = NEG_INF
+            for i in range(start + cuda.threadIdx.x, end, num_threads):
+                block = block_table[i // block_size]  # the block table lookup: logical -> physical
+                offset = i % block_size
+                dot = float32(0.0)
+                for d in range(head_size):
+                    dot += q_s[d] * float32(key_cache[block, offset, kv_head, d])
+                logit = dot * scale
+                logits[i - start] = logit
+                local_max = max(local_max, logit)
+            return local_max
+
+        @cuda.jit(device=True)
+        def weighted_values(logits, value_cache, block_table, kv_head, start, end, inv_sum, out_row, out_red):
+            """Thread t owns output dims t, t+num_threads, ... and sums p_i * v_i over every token."""
+            for d in range(cuda.threadIdx.x, head_size, num_threads):
+                acc = float32(0.0)
+                for i in range(start, end):
+                    block = block_table[i // block_size]
+                    acc += logits[i - start] * float32(value_cache[block, i % block_size, kv_head, d])
+                out_row[d] = acc * inv_sum
+    else:
+        block_max = shuffle_reduction(_max, num_warps)
+        block_sum = shuffle_reduction(_add, num_warps)
+        warp_sum = warp_reduction(_add)
+
+        @cuda.jit(device=True)
+        def qk_logits(q_s, key_cache, block_table, kv_head, start, end, scale, logits):
+            """Warp w computes q.k for tokens start+w, start+w+num_warps, ...; lanes split head_size."""
+            lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
+            local_max = NEG_INF
+            for i in range(start + warp, end, num_warps):
+                block = block_table[i // block_size]
+                offset = i % block_size
+                dot = float32(0.0)
+                for d in range(lane, head_size, WARP_SIZE):  # neighbouring lanes read neighbouring dims
+                    dot += q_s[d] * float32(key_cache[block, offset, kv_head, d])
+                logit = warp_sum(dot) * scale
+                if lane == 0:
+                    logits[i - start] = logit
+                local_max = max(local_max, logit)
+            return local_max
+
+        @cuda.jit(device=True)
+        def weighted_values(logits, value_cache, block_table, kv_head, start, end, inv_sum, out_row, out_red):
+            """Warp w sums tokens start+w, ... for every dim (lane-strided); then the warps add up."""
+            lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
+            acc = cuda.local.array(dims_per_lane, float32)
+            for k in range(dims_per_lane):
+                acc[k] = float32(0.0)
+            for i in range(start + warp, end, num_warps):
+                p = logits[i - start]
+                block = block_table[i // block_size]
+                offset = i % block_size
+                for k in range(dims_per_lane):
+                    d = lane + k * WARP_SIZE
+                    if d < head_size:
+                        acc[k] += p * float32(value_cache[block, offset, kv_head, d])
+            for k in range(dims_per_lane):
+                d = lane + k * WARP_SIZE
+                if d < head_size:
+                    out_red[warp * head_size + d] = acc[k]
+            cuda.syncthreads()
+            for d in range(cuda.threadIdx.x, head_size, num_threads):
+                total = float32(0.0)
+                for w in range(num_warps):
+                    total += out_red[w * head_size + d]
+                out_row[d] = total * inv_sum
+
+    @cuda.jit(device=True)
+    def attend(out_row, query_row, key_cache, value_cache, block_table, kv_head, start, end, scale,
+               q_s, logits, red, out_red):
+        """Softmax attention of one query over tokens [start, end); returns (max logit, sum of exps).
+
+        out_row gets sum_i softmax_i * v_i, normalised over this range only.
+        """
+        tid = cuda.threadIdx.x
+        for d in range(tid, head_size, num_threads):  # stage the query in shared memory, as float32
+            q_s[d] = float32(query_row[d])
+        cuda.syncthreads()
+        m = block_max(red, qk_logits(q_s, key_cache, block_table, kv_head, start, end, scale, logits))
+        local_sum = float32(0.0)
+        for j in range(tid, end - start, num_threads):
+            e = math.exp(logits[j] - m)  # subtract the max: exp never overflows
+            logits[j] = e
+            local_sum += e
+        total = block_sum(red, local_sum)  # its barrier also publishes every logits[j] above
+        weighted_values(logits, value_cache, block_table, kv_head, start, end,
+                        float32(1.0) / total, out_row, out_red)
+        return m, total
+
+    def paged_attention_v1(out, query, key_cache, value_cache, block_tables, seq_lens, scale, num_queries_per_kv):
+        head, seq = cuda.blockIdx.x, cuda.blockIdx.y
+        kv_head = head // num_queries_per_kv  # GQA/MQA: a group of query heads shares one KV head
+        q_s = cuda.shared.array(head_size, float32)
+        logits = cuda.shared.array(logits_len, float32)
+        red = cuda.shared.array(num_threads, float32)
+        out_red = cuda.shared.array(out_red_len, float32)
+        attend(out[seq, head], query[seq, head], key_cache, value_cache, block_tables[seq], kv_head,
+               0, seq_lens[seq], scale, q_s, logits, red, out_red)
+
+    def paged_attention_v2(tmp_out, max_logits, exp_sums, query, key_cache, value_cache, block_tables,
+                           seq_lens, scale, num_queries_per_kv):
+        head, seq, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        start = part * logits_len
+        seq_len = seq_lens[seq]
+        if start >= seq_len:  # a shorter sequence: this partition is empty (the whole block leaves)
+            return
+        kv_head = head // num_queries_per_kv
+        q_s = cuda.shared.array(head_size, float32)
+        logits = cuda.shared.array(logits_len, float32)
+        red = cuda.shared.array(num_threads, float32)
+        out_red = cuda.shared.array(out_red_len, float32)
+        m, total = attend(tmp_out[seq, head, part], query[seq, head], key_cache, value_cache, block_tables[seq],
+                          kv_head, start, min(start + logits_len, seq_len), scale, q_s, logits, red, out_red)
+        if cuda.threadIdx.x == 0:
+            max_logits[seq, head, part] = m
+            exp_sums[seq, head, part] = total
+
+    def paged_attention_v2_reduce(out, tmp_out, max_logits, exp_sums, seq_lens):
+        """Combine partitions: partition p's output weighs exp_sum_p * exp(max_p - global max)."""
+        head, seq = cuda.blockIdx.x, cuda.blockIdx.y
+        num_partitions = (seq_lens[seq] + logits_len - 1) // logits_len
+        global_max = NEG_INF
+        for p in range(num_partitions):
+            global_max = max(global_max, max_logits[seq, head, p])
+        total = float32(0.0)
+        for p in range(num_partitions):
+            total += exp_sums[seq, head, p] * math.exp(max_logits[seq, head, p] - global_max)
+        for d in range(cuda.threadIdx.x, head_size, num_threads):
+            acc = float32(0.0)
+            for p in range(num_partitions):
+                weight = exp_sums[seq, head, p] * math.exp(max_logits[seq, head, p] - global_max)
+                acc += tmp_out[seq, head, p, d] * weight
+            out[seq, head, d] = acc / total
+
+    kernels = (paged_attention_v1, paged_attention_v2, paged_attention_v2_reduce)
+    return tuple(cuda.jit(k) for k in kernels) if jit else kernels
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _on_device(t: torch.Tensor):
+    """Hand a tensor to numba.cuda: CUDA tensors directly, CPU tensors copied to the device."""
+    return t if t.is_cuda else cuda.to_device(t.numpy())
+
+
+def _empty(shape, like: torch.Tensor):
+    if like.is_cuda:
+        return torch.empty(shape, dtype=torch.float32, device=like.device)
+    return cuda.device_array(shape, dtype=np.float32)
+
+
+@contextlib.contextmanager
+def _fast_thread_switching(simulator: bool):
+    """The simulator runs one Python thread per CUDA thread and waits at every barrier for all of
+    them; handing the GIL over every 0.1 ms instead of 5 ms makes a launch several times faster."""
+    previous = sys.getswitchinterval()
+    if simulator:
+        sys.setswitchinterval(1e-4)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, shape, mode: CudaMode,
+                         partition_size: int | None = None, flavour: str | None = None,
+                         num_threads: int | None = None) -> torch.Tensor:
+    """Launch v1 or v2 (arguments already validated; ``shape`` is their AttentionShape)."""
+    flavour = flavour or ("tree" if mode.simulator else "shuffle")
+    if flavour == "shuffle" and mode.simulator:
+        raise PagedKVValueError("the 'shuffle' kernel needs a real GPU (the simulator has no warp shuffles); "
+                                "use flavour='tree'.")
+    num_threads = num_threads or (16 if mode.simulator else 128)
+    if partition_size is None:  # vLLM's rule: v1 unless the context is long and the grid is small
+        max_partitions = -(-shape.max_seq_len // PARTITION_SIZE)
+        use_v1 = shape.max_seq_len <= MAX_V1_TOKENS and (
+            max_partitions == 1 or shape.num_seqs * shape.num_heads > 512)
+        partition_size = None if use_v1 else PARTITION_SIZE
+    args = [_on_device(t) for t in (query, key_cache, value_cache, block_tables, seq_lens)]
+    scale, group = np.float32(shape.scale), np.int32(shape.num_queries_per_kv)
+    out = _empty((shape.num_seqs, shape.num_heads, shape.head_size), query)
+
+    with _fast_thread_switching(mode.simulator):
+        if partition_size is None:
+            logits_len = _next_power_of_two(max(shape.max_seq_len, 32))
+            v1, _, _ = build_kernels(shape.head_size, shape.block_size, num_threads, flavour, logits_len)
+            v1[(shape.num_heads, shape.num_seqs), num_threads](out, *args, scale, group)
+        else:
+            num_partitions = -(-shape.max_seq_len // partition_size)
+            _, v2, reduce = build_kernels(shape.head_size, shape.block_size, num_threads, flavour, partition_size)
+            stats = (shape.num_seqs, shape.num_heads, num_partitions)
+            tmp_out = _empty(stats + (shape.head_size,), query)
+            max_logits, exp_sums = _empty(stats, query), _empty(stats, query)
+            v2[(shape.num_heads, shape.num_seqs, num_partitions), num_threads](
+                tmp_out, max_logits, exp_sums, *args, scale, group)
+            reduce[(shape.num_heads, shape.num_seqs), num_threads](out, tmp_out, max_logits, exp_sums, args[-1])
+
+    result = out if isinstance(out, torch.Tensor) else torch.from_numpy(out.copy_to_host())
+    return result.to(query.dtype)

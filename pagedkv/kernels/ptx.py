@@ -1,0 +1,75 @@
+"""Compile the CUDA kernels to PTX for a real GPU, with no GPU present.
+
+The simulator runs kernels as Python, so it never type-checks them; this
+compiles them with NVVM (from NVIDIA's pip wheels) exactly as a GPU run would,
+and looks for float64 arithmetic that would slow them down.  numba.cuda must be
+in *real* mode for this, so run it as its own process::
+
+    NUMBA_ENABLE_CUDASIM=0 python -m pagedkv.kernels.ptx --cc 9.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from types import SimpleNamespace
+
+def signatures(dtype: str) -> dict:
+    """numba type signatures of the v1, v2 and reduce kernels for a cache dtype."""
+    q = f"{dtype}[:, :, ::1]"
+    cache = f"{dtype}[:, :, :, ::1]"
+    common = f"{q}, {cache}, {cache}, int32[:, ::1], int32[::1], float32, int32"
+    return {
+        "v1": f"void(float32[:, :, ::1], {common})",
+        "v2": f"void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], {common})",
+        "reduce": "void(float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
+                  "int32[::1])",
+    }
+
+
+def fp64_lines(ptx: str) -> list[str]:
+    """PTX lines doing float64 arithmetic (conversions *to* f64 count too)."""
+    return [line.strip() for line in ptx.splitlines() if ".f64" in line and not line.strip().startswith("//")]
+
+
+def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict:
+    """{(flavour, dtype, kernel): ptx} for both flavours, fp16 and fp32."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        raise RuntimeError("run with NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX.")
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    from .cuda import build_kernels
+
+    # Device functions are compiled for "the current device"; with no GPU there is none, so
+    # stand one in with the compute capability asked for (the kernel itself gets cc= directly).
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
+
+    result = {}
+    for flavour in ("tree", "shuffle"):
+        kernels = dict(zip(("v1", "v2", "reduce"),
+                           build_kernels(head_size, block_size, 128, flavour, logits_len, jit=False)))
+        for dtype in ("float16", "float32"):
+            for name, sig in signatures(dtype).items():
+                ptx, _ = cuda.compile_ptx(kernels[name], sig, cc=cc)
+                result[(flavour, dtype, name)] = ptx
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 8.0 or 9.0")
+    args = parser.parse_args(argv)
+    cc = tuple(int(x) for x in args.cc.split("."))
+    failures = 0
+    for (flavour, dtype, name), ptx in compile_all(cc).items():
+        fp64 = fp64_lines(ptx)
+        status = "ok" if not fp64 else f"{len(fp64)} float64 lines, e.g. {fp64[0]}"
+        failures += bool(fp64)
+        print(f"sm_{cc[0]}{cc[1]} {flavour:<7} {dtype:<7} {name:<6} {len(ptx.splitlines()):>5} PTX lines  {status}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

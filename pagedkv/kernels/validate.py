@@ -1,0 +1,99 @@
+"""Check ``paged_attention``'s arguments before any kernel is launched.
+
+A bad block id would make a GPU kernel read someone else's memory and return
+garbage (or crash the process); here it becomes an error naming the argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import BlockTableError, PagedKVValueError, ShapeError
+
+BACKENDS = ("auto", "cuda", "cpu", "torch")
+NUMBA_DTYPES = (torch.float32, torch.float16)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    num_blocks: int
+    block_size: int
+    max_blocks_per_seq: int
+    max_seq_len: int
+    scale: float
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def _require(cond: bool, error, message: str) -> None:
+    if not cond:
+        raise error(message)
+
+
+def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, scale=None,
+                         backend="auto", partition_size=None) -> AttentionShape:
+    """Validate everything; return the sizes the kernels need."""
+    _require(backend in BACKENDS, PagedKVValueError, f"backend must be one of {BACKENDS}, got {backend!r}.")
+    named = {"query": query, "key_cache": key_cache, "value_cache": value_cache,
+             "block_tables": block_tables, "seq_lens": seq_lens}
+    for name, t in named.items():
+        _require(isinstance(t, torch.Tensor), ShapeError, f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+        _require(t.is_contiguous(), ShapeError, f"{name} must be contiguous; pass {name}.contiguous().")
+        _require(t.device == query.device, ShapeError,
+                 f"{name} is on {t.device} but query is on {query.device}; put every tensor on one device.")
+    _require(query.dim() == 3, ShapeError,
+             f"query has shape {tuple(query.shape)}; expected [num_seqs, num_heads, head_size].")
+    _require(key_cache.dim() == 4, ShapeError, f"key_cache has shape {tuple(key_cache.shape)}; expected "
+             "[num_blocks, block_size, num_kv_heads, head_size].")
+    _require(value_cache.shape == key_cache.shape, ShapeError,
+             f"value_cache {tuple(value_cache.shape)} must have key_cache's shape {tuple(key_cache.shape)}.")
+    num_seqs, num_heads, head_size = query.shape
+    num_blocks, block_size, num_kv_heads, cache_head_size = key_cache.shape
+    _require(cache_head_size == head_size, ShapeError,
+             f"query's head_size is {head_size} but the cache's is {cache_head_size}.")
+    _require(num_heads % num_kv_heads == 0, ShapeError,
+             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) for GQA/MQA.")
+    _require(query.dtype == key_cache.dtype == value_cache.dtype, ShapeError,
+             f"query, key_cache and value_cache must share a dtype; got {query.dtype}, "
+             f"{key_cache.dtype}, {value_cache.dtype}.")
+    if backend in ("cuda", "cpu", "auto"):
+        _require(query.dtype in NUMBA_DTYPES, ShapeError,
+                 f"the numba kernels take float32 or float16, got {query.dtype}; use backend='torch' or convert.")
+    _require(block_tables.dtype == torch.int32 and block_tables.dim() == 2
+             and block_tables.shape[0] == num_seqs, ShapeError,
+             f"block_tables must be int32 [num_seqs={num_seqs}, max_blocks_per_seq]; got "
+             f"{block_tables.dtype} {tuple(block_tables.shape)}.")
+    _require(seq_lens.dtype == torch.int32 and tuple(seq_lens.shape) == (num_seqs,), ShapeError,
+             f"seq_lens must be int32 [num_seqs={num_seqs}]; got {seq_lens.dtype} {tuple(seq_lens.shape)}.")
+
+    lens = seq_lens.cpu()
+    capacity = block_tables.shape[1] * block_size
+    _require(num_seqs == 0 or int(lens.min()) >= 1, BlockTableError,
+             f"seq_lens must all be >= 1 (a decode step attends to at least its own token); got {lens.tolist()}.")
+    _require(num_seqs == 0 or int(lens.max()) <= capacity, BlockTableError,
+             f"seq_lens {lens.tolist()} exceed what block_tables can address: {block_tables.shape[1]} blocks "
+             f"x block_size {block_size} = {capacity} tokens.")
+    tables = block_tables.cpu()
+    blocks_used = (lens + block_size - 1) // block_size
+    in_use = torch.arange(tables.shape[1]) < blocks_used[:, None]  # the entries each sequence reads
+    bad = in_use & ((tables < 0) | (tables >= num_blocks))
+    if bad.any():
+        seq = int(bad.any(dim=1).nonzero()[0])
+        raise BlockTableError(f"block_tables[{seq}] uses block id(s) {tables[seq][bad[seq]].tolist()}, outside "
+                              f"the cache's {num_blocks} blocks (valid ids 0..{num_blocks - 1}).")
+    if partition_size is not None:
+        _require(isinstance(partition_size, int) and partition_size > 0 and partition_size % block_size == 0,
+                 PagedKVValueError,
+                 f"partition_size must be a positive multiple of block_size ({block_size}), got {partition_size!r}.")
+    if scale is None:
+        scale = head_size ** -0.5
+    return AttentionShape(num_seqs, num_heads, num_kv_heads, head_size, num_blocks, block_size,
+                          block_tables.shape[1], int(lens.max()) if num_seqs else 0, float(scale))

@@ -1,0 +1,364 @@
+"""Layer 4 — the block space manager: one block table per sequence.
+
+The manager never touches K/V data.  It decides *which* physical block holds
+each logical block of each sequence, and returns the copies the cache must do
+(copy-on-write, swap).  It follows vLLM v0's ``vllm/core/block_manager_v1.py``
+(fork, copy-on-write, swap, watermark) with vLLM v1's prefix caching
+(``vllm/v1/core/kv_cache_manager.py``: chained hashes, an LRU free queue).
+
+Every method checks everything first and only then changes state, so a call
+that raises leaves the manager exactly as it was.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .blocks import BlockAllocator
+from .errors import (
+    DuplicateSequenceError,
+    EmptyPromptError,
+    NoFreeBlocksError,
+    PagedKVValueError,
+    UnknownSequenceError,
+    WrongDeviceError,
+)
+from .prefix import PrefixCache, hash_block_tokens
+from .sizing import blocks_needed
+from .state import BlockState, ManagerState
+
+DEVICES = ("gpu", "cpu")
+
+
+class AllocStatus(enum.Enum):
+    """Answer of ``can_allocate`` (vLLM: ``vllm/core/interfaces.py``)."""
+
+    OK = "ok"  # allocate now
+    LATER = "later"  # not enough free blocks now; wait for others to finish
+    NEVER = "never"  # the prompt can never fit in this pool
+
+
+@dataclass
+class _Sequence:
+    token_ids: list
+    block_table: list
+    device: str = "gpu"
+    block_hashes: list = field(default_factory=list)  # one per full block (prefix caching only)
+    num_cached_tokens: int = 0
+
+
+class BlockSpaceManager:
+    """Maps each sequence's logical blocks to physical blocks on the GPU or CPU."""
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
+                 watermark: float = 0.01, enable_prefix_caching: bool = False):
+        if not 0 <= watermark < 1:
+            raise PagedKVValueError(f"watermark must be in [0, 1), got {watermark!r}.")
+        self.block_size = block_size
+        self.num_total_gpu_blocks = num_gpu_blocks
+        self.num_total_cpu_blocks = num_cpu_blocks
+        self.watermark = watermark
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self.allocators = {"gpu": BlockAllocator(num_gpu_blocks, block_size),
+                           "cpu": BlockAllocator(num_cpu_blocks, block_size)}
+        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self._seqs: dict = {}
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.prefix_cache is not None
+
+    @property
+    def num_free_gpu_blocks(self) -> int:
+        return self.allocators["gpu"].num_free_blocks
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return self.allocators["cpu"].num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of GPU blocks in use (cached-but-free blocks count as free)."""
+        total = self.num_total_gpu_blocks
+        return (total - self.num_free_gpu_blocks) / total if total else 0.0
+
+    @property
+    def seq_ids(self) -> list:
+        return list(self._seqs)
+
+    def has_seq(self, seq_id) -> bool:
+        return seq_id in self._seqs
+
+    def get_block_table(self, seq_id) -> list[int]:
+        return list(self._get(seq_id).block_table)
+
+    def get_token_ids(self, seq_id) -> list[int]:
+        return list(self._get(seq_id).token_ids)
+
+    def get_num_tokens(self, seq_id) -> int:
+        return len(self._get(seq_id).token_ids)
+
+    def get_device(self, seq_id) -> str:
+        return self._get(seq_id).device
+
+    def get_slot_mapping(self, seq_id) -> list[int]:
+        """Physical slot of every token: ``table[pos // block_size] * block_size + pos % block_size``."""
+        seq, bs = self._get(seq_id), self.block_size
+        return [seq.block_table[pos // bs] * bs + pos % bs for pos in range(len(seq.token_ids))]
+
+    def free_block_ids(self, device: str = "gpu") -> list[int]:
+        """Free blocks of ``device`` in the order they will be handed out."""
+        return self._allocator(device).free_block_ids()
+
+    def refcount(self, block_id: int, device: str = "gpu") -> int:
+        return self._allocator(device).refcount(block_id)
+
+    def num_cached_tokens(self, seq_id) -> int:
+        """Prompt tokens whose K/V came from the prefix cache (0 without caching)."""
+        return self._get(seq_id).num_cached_tokens
+
+    @property
+    def prefix_stats(self) -> dict | None:
+        return self.prefix_cache.stats.as_dict() if self.prefix_cache else None
+
+    # ------------------------------------------------------------- allocation
+    def can_allocate(self, num_tokens: int) -> AllocStatus:
+        """The scheduler's admission test, keeping ``watermark_blocks`` free for appends."""
+        needed = blocks_needed(num_tokens, self.block_size)
+        if self.num_total_gpu_blocks - needed < self.watermark_blocks:
+            return AllocStatus.NEVER
+        if self.num_free_gpu_blocks - needed >= self.watermark_blocks:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def allocate(self, seq_id, token_ids) -> list[int]:
+        """Give a new sequence a block table for its prompt; returns the table.
+
+        With prefix caching, the prompt's leading full blocks that are already
+        cached (in use or waiting in the free queue) are shared instead of filled again.
+        """
+        if seq_id in self._seqs:
+            raise DuplicateSequenceError(
+                f"sequence {seq_id!r} already exists; free it first or pick a new id.")
+        tokens = list(token_ids)
+        if not tokens:
+            raise EmptyPromptError(
+                f"sequence {seq_id!r} has an empty prompt; a sequence needs at least one token.")
+        hashes = self._full_block_hashes([], tokens)
+        hits = self._cached_prefix(tokens, hashes)
+        gpu = self.allocators["gpu"]
+        num_new = blocks_needed(len(tokens), self.block_size) - len(hits)
+        revived = sum(1 for b in hits if gpu.refcount(b) == 0)  # hits waiting in the free queue
+        self._require_free("gpu", num_new + revived, f"allocate sequence {seq_id!r} ({len(tokens)} tokens)")
+
+        for block_id in hits:
+            gpu.incref(block_id)
+        table = hits + [self._allocate_gpu_block() for _ in range(num_new)]
+        seq = _Sequence(tokens, table, num_cached_tokens=len(hits) * self.block_size)
+        if self.prefix_cache:
+            self.prefix_cache.stats.hits += len(hits)
+            self.prefix_cache.stats.misses += len(hashes) - len(hits)
+            seq.block_hashes = hashes
+            self._register_full_blocks(seq, start=len(hits))
+        self._seqs[seq_id] = seq
+        return list(table)
+
+    def can_append_slots(self, seq_id, num_tokens: int = 1) -> bool:
+        return self._blocks_for_append(self._get(seq_id), num_tokens) <= self.num_free_gpu_blocks
+
+    def append_slots(self, seq_id, token_ids) -> list[tuple[int, int]]:
+        """Make room for new tokens; returns the copy-on-write copies ``(src, dst)`` to perform.
+
+        A partly filled last block that other sequences share is copied to a
+        private block first; a full last block needs no copy, the new tokens
+        simply start a fresh block.
+        """
+        seq = self._get(seq_id)
+        self._require_device(seq_id, seq, "gpu", "append to it")
+        tokens = list(token_ids)
+        needed = self._blocks_for_append(seq, len(tokens))
+        self._require_free("gpu", needed, f"append {len(tokens)} tokens to sequence {seq_id!r}")
+
+        copies = []
+        if tokens and self._last_block_is_shared_partial(seq):
+            src = seq.block_table[-1]
+            dst = self._allocate_gpu_block()
+            self.allocators["gpu"].free(src)
+            seq.block_table[-1] = dst
+            copies.append((src, dst))
+        new_len = len(seq.token_ids) + len(tokens)
+        while len(seq.block_table) < blocks_needed(new_len, self.block_size):
+            seq.block_table.append(self._allocate_gpu_block())
+        seq.token_ids.extend(tokens)
+        if self.prefix_cache:
+            start = len(seq.block_hashes)
+            seq.block_hashes = self._full_block_hashes(seq.block_hashes, seq.token_ids)
+            self._register_full_blocks(seq, start)
+        return copies
+
+    def fork(self, parent_seq_id, child_seq_id) -> None:
+        """The child shares every block of the parent; each block's ref count goes up by one."""
+        parent = self._get(parent_seq_id)
+        if child_seq_id in self._seqs:
+            raise DuplicateSequenceError(
+                f"cannot fork into {child_seq_id!r}: that sequence already exists; pick a new id.")
+        allocator = self.allocators[parent.device]
+        for block_id in parent.block_table:
+            allocator.incref(block_id)
+        self._seqs[child_seq_id] = _Sequence(
+            list(parent.token_ids), list(parent.block_table), parent.device,
+            list(parent.block_hashes), parent.num_cached_tokens)
+
+    def free(self, seq_id) -> None:
+        """Release the sequence's blocks tail first, so shared prefixes stay cached longest."""
+        seq = self._get(seq_id)
+        allocator = self.allocators[seq.device]
+        for block_id in reversed(seq.block_table):
+            allocator.free(block_id)
+        del self._seqs[seq_id]
+
+    # ------------------------------------------------------------------- swap
+    def can_swap_out(self, seq_id) -> bool:
+        seq = self._get(seq_id)
+        return seq.device == "gpu" and len(seq.block_table) <= self.num_free_cpu_blocks
+
+    def swap_out(self, seq_id) -> list[tuple[int, int]]:
+        """Move the sequence to CPU blocks; returns ``(gpu_block, cpu_block)`` copies to perform."""
+        return self._swap(seq_id, "gpu", "cpu")
+
+    def can_swap_in(self, seq_id) -> bool:
+        seq = self._get(seq_id)
+        free_after = self.num_free_gpu_blocks - len(seq.block_table)
+        return seq.device == "cpu" and free_after >= self.watermark_blocks
+
+    def swap_in(self, seq_id) -> list[tuple[int, int]]:
+        """Move the sequence back to GPU blocks; returns ``(cpu_block, gpu_block)`` copies."""
+        return self._swap(seq_id, "cpu", "gpu")
+
+    def _swap(self, seq_id, src: str, dst: str) -> list[tuple[int, int]]:
+        seq = self._get(seq_id)
+        self._require_device(seq_id, seq, src, f"swap it {'out' if src == 'gpu' else 'in'}")
+        self._require_free(dst, len(seq.block_table), f"swap sequence {seq_id!r} to the {dst.upper()}")
+        new_table = [self._allocate_gpu_block() if dst == "gpu" else self.allocators["cpu"].allocate()
+                     for _ in seq.block_table]
+        mapping = list(zip(seq.block_table, new_table))
+        for block_id in reversed(seq.block_table):
+            self.allocators[src].free(block_id)
+        seq.block_table, seq.device = new_table, dst
+        if dst == "gpu" and self.prefix_cache:
+            self._register_full_blocks(seq, start=0)
+        return mapping
+
+    # --------------------------------------------------------------- snapshot
+    def snapshot(self) -> ManagerState:
+        """Plain, immutable data describing every block and table right now."""
+        users: dict = {}
+        tokens_in: dict = {}
+        for seq_id, seq in self._seqs.items():
+            for i, block_id in enumerate(seq.block_table):
+                key = (seq.device, block_id)
+                users.setdefault(key, []).append(seq_id)
+                tokens_in[key] = min(self.block_size, len(seq.token_ids) - i * self.block_size)
+        named = self.prefix_cache.block_to_hash if self.prefix_cache else {}
+        blocks = []
+        for device in DEVICES:
+            allocator = self.allocators[device]
+            free_pos = {block_id: i for i, block_id in enumerate(allocator.free_block_ids())}
+            for block_id in range(allocator.num_blocks):
+                block_hash = named.get(block_id) if device == "gpu" else None
+                num_tokens = tokens_in.get((device, block_id), self.block_size if block_hash else 0)
+                blocks.append(BlockState(block_id, device, allocator.refcount(block_id),
+                                         tuple(users.get((device, block_id), ())), num_tokens,
+                                         block_hash, free_pos.get(block_id)))
+        return ManagerState(
+            block_size=self.block_size,
+            blocks=tuple(blocks),
+            tables={s: list(seq.block_table) for s, seq in self._seqs.items()},
+            seq_devices={s: seq.device for s, seq in self._seqs.items()},
+            seq_lens={s: len(seq.token_ids) for s, seq in self._seqs.items()},
+            num_gpu_blocks=self.num_total_gpu_blocks,
+            num_cpu_blocks=self.num_total_cpu_blocks,
+            watermark_blocks=self.watermark_blocks,
+            prefix_caching=self.enable_prefix_caching,
+            prefix_stats=self.prefix_stats,
+        )
+
+    def __repr__(self) -> str:
+        return (f"BlockSpaceManager(block_size={self.block_size}, num_gpu_blocks={self.num_total_gpu_blocks}, "
+                f"num_cpu_blocks={self.num_total_cpu_blocks}, free_gpu={self.num_free_gpu_blocks}, "
+                f"seqs={len(self._seqs)}, prefix_caching={self.enable_prefix_caching})")
+
+    # ---------------------------------------------------------------- helpers
+    def _get(self, seq_id) -> _Sequence:
+        try:
+            return self._seqs[seq_id]
+        except (KeyError, TypeError):
+            known = list(self._seqs)[:10]
+            raise UnknownSequenceError(
+                f"unknown sequence {seq_id!r}; known sequences: {known}. "
+                "Allocate it first (or check for a typo).") from None
+
+    def _allocator(self, device: str) -> BlockAllocator:
+        if device not in self.allocators:
+            raise PagedKVValueError(f"device must be 'gpu' or 'cpu', got {device!r}.")
+        return self.allocators[device]
+
+    def _require_free(self, device: str, needed: int, what: str) -> None:
+        free = self.allocators[device].num_free_blocks
+        if needed > free:
+            raise NoFreeBlocksError(
+                f"cannot {what}: needs {needed} free {device.upper()} blocks but only {free} are free. "
+                "Free or swap out a sequence first, or use a bigger pool.")
+
+    @staticmethod
+    def _require_device(seq_id, seq: _Sequence, device: str, action: str) -> None:
+        if seq.device != device:
+            hint = "swap it in first" if seq.device == "cpu" else "it is already on the GPU"
+            raise WrongDeviceError(
+                f"sequence {seq_id!r} is on the {seq.device.upper()}, so you cannot {action}; {hint}.")
+
+    def _last_block_is_shared_partial(self, seq: _Sequence) -> bool:
+        partial = len(seq.token_ids) % self.block_size != 0
+        return partial and self.allocators[seq.device].refcount(seq.block_table[-1]) > 1
+
+    def _blocks_for_append(self, seq: _Sequence, num_tokens: int) -> int:
+        if num_tokens <= 0:
+            return 0
+        fresh = blocks_needed(len(seq.token_ids) + num_tokens, self.block_size) - len(seq.block_table)
+        return fresh + int(self._last_block_is_shared_partial(seq))
+
+    def _allocate_gpu_block(self) -> int:
+        """A fresh GPU block from the queue's head; a cached name it still carries is evicted."""
+        block_id = self.allocators["gpu"].allocate()
+        if self.prefix_cache:
+            self.prefix_cache.evict(block_id)
+        return block_id
+
+    def _full_block_hashes(self, known: list, tokens: list) -> list:
+        """Chained hashes of every full block of ``tokens``, reusing the ``known`` ones."""
+        if not self.prefix_cache:
+            return []
+        hashes, bs = list(known), self.block_size
+        for i in range(len(hashes), len(tokens) // bs):
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+        return hashes
+
+    def _cached_prefix(self, tokens: list, hashes: list) -> list[int]:
+        """Blocks holding the longest run of leading full blocks already cached."""
+        hits, bs = [], self.block_size
+        for i, block_hash in enumerate(hashes):
+            parent = hashes[i - 1] if i else None
+            block_id = self.prefix_cache.lookup(block_hash, parent, tokens[i * bs:(i + 1) * bs])
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _register_full_blocks(self, seq: _Sequence, start: int) -> None:
+        bs = self.block_size
+        for i in range(start, len(seq.block_hashes)):
+            parent = seq.block_hashes[i - 1] if i else None
+            self.prefix_cache.insert(seq.block_table[i], seq.block_hashes[i], parent,
+                                     seq.token_ids[i * bs:(i + 1) * bs])

@@ -1,0 +1,112 @@
+"""Snapshots: the manager's state as plain, immutable data.
+
+Notebooks print a snapshot (``print(state)`` draws a text block map that
+nbval can compare) and the drawings in ``pagedkv.viz`` read nothing else, so
+the view never reaches into the allocator's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BlockState:
+    """One physical block at the moment of the snapshot."""
+
+    block_id: int
+    device: str  # "gpu" or "cpu"
+    ref_count: int
+    seq_ids: tuple  # the sequences whose tables point at this block
+    num_tokens: int  # filled slots (a full block holds block_size)
+    block_hash: str | None  # prefix-cache name, None unless cached
+    free_position: int | None  # place in the free queue (0 = handed out next), None when used
+
+    @property
+    def is_free(self) -> bool:
+        return self.free_position is not None
+
+
+@dataclass(frozen=True)
+class ManagerState:
+    """Everything needed to draw or check a :class:`BlockSpaceManager`."""
+
+    block_size: int
+    blocks: tuple  # BlockState for every GPU block, then every CPU block
+    tables: dict  # seq_id -> [block ids] on the sequence's device
+    seq_devices: dict  # seq_id -> "gpu" | "cpu"
+    seq_lens: dict = field(default_factory=dict)  # seq_id -> number of tokens
+    num_gpu_blocks: int = 0
+    num_cpu_blocks: int = 0
+    watermark_blocks: int = 0
+    prefix_caching: bool = False
+    prefix_stats: dict | None = None  # hits, misses, evictions, hit_rate
+
+    def device_blocks(self, device: str = "gpu") -> list[BlockState]:
+        return [b for b in self.blocks if b.device == device]
+
+    def free_block_ids(self, device: str = "gpu") -> list[int]:
+        free = [b for b in self.device_blocks(device) if b.is_free]
+        return [b.block_id for b in sorted(free, key=lambda b: b.free_position)]
+
+    def num_used(self, device: str = "gpu") -> int:
+        return sum(1 for b in self.device_blocks(device) if not b.is_free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used("gpu") / self.num_gpu_blocks if self.num_gpu_blocks else 0.0
+
+    @property
+    def internal_fragmentation(self) -> float:
+        """Empty slots inside used blocks, as a fraction of all slots in used blocks."""
+        used = [b for b in self.blocks if not b.is_free]
+        slots = len(used) * self.block_size
+        return 1 - sum(b.num_tokens for b in used) / slots if slots else 0.0
+
+    def render(self) -> str:
+        return render_state(self)
+
+    def __str__(self) -> str:
+        return render_state(self)
+
+
+def _fill_bar(num_tokens: int, block_size: int, width: int = 8) -> str:
+    """``[####....]``: filled slots as '#', scaled to at most ``width`` characters."""
+    cells = min(block_size, width)
+    filled = round(num_tokens * cells / block_size)
+    return "[" + "#" * filled + "." * (cells - filled) + "]"
+
+
+def _seq_label(seq_ids: tuple) -> str:
+    return ",".join(str(s) for s in seq_ids) or "-"
+
+
+def render_state(state: ManagerState) -> str:
+    """A text block map: one line per used block, then the free queue and the tables."""
+    lines = [f"block_size={state.block_size}  GPU {state.num_used('gpu')}/{state.num_gpu_blocks} "
+             f"blocks used ({state.usage:.0%})"
+             + (f"  CPU {state.num_used('cpu')}/{state.num_cpu_blocks} used" if state.num_cpu_blocks else "")]
+    for device in ("gpu", "cpu"):
+        used = [b for b in state.device_blocks(device) if not b.is_free]
+        if not used:
+            continue
+        lines.append(f"  {device.upper()} block  ref  tokens      seqs")
+        for b in used:
+            cached = f"  hash {b.block_hash[:8]}" if b.block_hash else ""
+            lines.append(f"  {b.block_id:>9}  {b.ref_count:>3}  {_fill_bar(b.num_tokens, state.block_size)}"
+                         f" {b.num_tokens:>2}/{state.block_size:<2} {_seq_label(b.seq_ids)}{cached}")
+    free = state.free_block_ids("gpu")
+    cached_free = {b.block_id for b in state.device_blocks("gpu") if b.is_free and b.block_hash}
+    shown = " ".join(f"{i}*" if i in cached_free else str(i) for i in free[:24])
+    more = f" ... (+{len(free) - 24})" if len(free) > 24 else ""
+    lines.append(f"  free GPU queue (next first): {shown or '(empty)'}{more}")
+    if cached_free:
+        lines.append("  (* = still holds a cached prefix block; evicted when handed out)")
+    for seq_id, table in state.tables.items():
+        device = state.seq_devices[seq_id]
+        lines.append(f"  seq {seq_id} on {device}: {state.seq_lens.get(seq_id, '?')} tokens -> {table}")
+    if state.prefix_stats is not None:
+        s = state.prefix_stats
+        lines.append(f"  prefix cache: {s['hits']} hits, {s['misses']} misses, "
+                     f"{s['evictions']} evictions, hit rate {s['hit_rate']:.0%}")
+    return "\n".join(lines)
