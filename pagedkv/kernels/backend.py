@@ -57,13 +57,16 @@ def detect_gpu() -> tuple[bool, str]:
     return True, f"the NVIDIA driver reports {count} GPU(s)"
 
 
-def _simulator_in_numba_config() -> bool | None:
-    """The mode numba.cuda was (or will be) imported in, from numba's own config."""
-    for name in ("numba.cuda.core.config", "numba.core.config"):
-        config = sys.modules.get(name)
-        if config is not None:
-            return bool(config.ENABLE_CUDASIM)
-    return None
+def imported_cuda_is_simulator() -> bool | None:
+    """The mode numba.cuda was imported in (None if it is not imported yet).
+
+    The config can be re-read later, so look at what the module really is:
+    in the simulator its API comes from ``numba.cuda.simulator``.
+    """
+    module = sys.modules.get("numba.cuda")
+    if module is None or not hasattr(module, "jit"):
+        return None
+    return module.jit.__module__.startswith("numba.cuda.simulator")
 
 
 def configure_cuda_mode(announce: bool = True) -> CudaMode:
@@ -79,7 +82,8 @@ def configure_cuda_mode(announce: bool = True) -> CudaMode:
         if name in sys.modules:
             sys.modules[name].reload_config()
 
-    if "numba.cuda" in sys.modules and _simulator_in_numba_config() != mode.simulator:
+    imported = imported_cuda_is_simulator()
+    if imported is not None and imported != mode.simulator:
         print(f"pagedkv: numba.cuda was imported before pagedkv in the other mode; {mode.describe()} "
               "only after a restart. Fix: import pagedkv first, or set NUMBA_ENABLE_CUDASIM="
               f"{int(mode.simulator)} before starting Python.", file=sys.stderr)

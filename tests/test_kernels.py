@@ -1,0 +1,240 @@
+"""Every attention backend against the dense reference and torch's SDPA.
+
+The "cuda" backend runs in numba's CUDA simulator on machines without a GPU
+(one Python thread per CUDA thread), so its cases stay tiny.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedkv import BlockTableError, ShapeError, paged_attention, reference_paged_attention
+from pagedkv.kernels import CUDA_MODE, gather_kv
+from pagedkv.kernels.ptx import fp64_lines
+
+ON_GPU = not CUDA_MODE.simulator
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
+
+
+def make_case(seq_lens, num_heads=4, num_kv_heads=2, head_size=8, block_size=4, dtype=torch.float32, seed=0,
+              spare_blocks=3):
+    """A cache with each sequence's blocks scattered at random (non-contiguous) places."""
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(per_seq) + spare_blocks
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    width = max(per_seq)
+    tables = torch.zeros((len(seq_lens), width), dtype=torch.int32)
+    for s, n in enumerate(per_seq):
+        tables[s, :n] = torch.tensor(order[:n], dtype=torch.int32)
+        order = order[n:]
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache = torch.randn(shape, generator=g).to(dtype)
+    value_cache = torch.randn(shape, generator=g).to(dtype)
+    query = torch.randn((len(seq_lens), num_heads, head_size), generator=g).to(dtype)
+    return query, key_cache, value_cache, tables, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def sdpa(query, key_cache, value_cache, tables, seq_lens):
+    """torch's scaled_dot_product_attention on each sequence's gathered K/V."""
+    out = []
+    group = query.shape[1] // key_cache.shape[2]
+    for s in range(query.shape[0]):
+        k, v = gather_kv(key_cache, value_cache, tables[s], int(seq_lens[s]))
+        k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, tokens, head_size]
+        v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        q = query[s].float().unsqueeze(1)  # [heads, 1, head_size]
+        out.append(F.scaled_dot_product_attention(q, k, v).squeeze(1))
+    return torch.stack(out)
+
+
+def check(backend, case, **kw):
+    query = case[0]
+    out = paged_attention(*case, backend=backend, **kw)
+    assert out.shape == query.shape and out.dtype == query.dtype
+    expected = sdpa(*case)
+    torch.testing.assert_close(out.float(), expected, atol=TOL[query.dtype], rtol=TOL[query.dtype])
+    torch.testing.assert_close(reference_paged_attention(*case).float(), expected,
+                               atol=TOL[query.dtype], rtol=TOL[query.dtype])
+
+
+RAGGED = [1, 4, 7, 16]  # length 1, exact block multiples, a partial last block
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_host_backends_match_sdpa(backend, heads, dtype):
+    case = make_case(RAGGED + [33], num_heads=heads[0], num_kv_heads=heads[1], head_size=32, dtype=dtype)
+    check(backend, case)
+
+
+def test_cpu_twin_on_a_larger_case():
+    case = make_case([100, 257, 64, 5], num_heads=8, num_kv_heads=2, head_size=64, block_size=16, seed=3)
+    check("cpu", case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads", [(2, 2), (2, 1)], ids=["MHA", "MQA"])
+def test_cuda_v1_matches_sdpa(heads, dtype):
+    case = make_case([1, 7, 16], num_heads=heads[0], num_kv_heads=heads[1], head_size=8, dtype=dtype)
+    check("cuda", case)
+
+
+def test_cuda_v1_gqa_head_32():
+    check("cuda", make_case([5, 12], num_heads=2, num_kv_heads=1, head_size=32, block_size=8, seed=1))
+
+
+@pytest.mark.parametrize("partition_size", [4, 8])
+def test_cuda_v2_several_partitions(partition_size):
+    # lengths 1, 9, 20 make 1, 3 and 5 partitions of 4: the shorter sequences leave partitions empty
+    case = make_case([1, 9, 20], num_heads=2, num_kv_heads=1, head_size=8, seed=2)
+    check("cuda", case, partition_size=partition_size)
+
+
+def test_cuda_v2_fp16():
+    check("cuda", make_case([6, 13], num_heads=2, num_kv_heads=2, head_size=8, dtype=torch.float16),
+          partition_size=4)
+
+
+def test_default_scale_and_custom_scale():
+    case = make_case([5, 9], num_heads=2, num_kv_heads=2)
+    a = paged_attention(*case, scale=8 ** -0.5, backend="cpu")
+    torch.testing.assert_close(a, paged_attention(*case, backend="cpu"))
+    b = paged_attention(*case, scale=0.0, backend="cpu")  # uniform weights: the mean of V
+    k, v = gather_kv(case[1], case[2], case[3][0], 5)
+    torch.testing.assert_close(b[0, 0], v[:, 0].mean(0), atol=1e-6, rtol=1e-5)
+
+
+def test_auto_backend():
+    case = make_case([3], num_heads=2, num_kv_heads=2)
+    torch.testing.assert_close(paged_attention(*case), paged_attention(*case, backend="torch"), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the warp-shuffle kernel needs a real GPU (no shuffles in the simulator)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("partition_size", [None, 512])
+def test_gpu_shuffle_and_tree_kernels(dtype, partition_size):
+    from pagedkv.kernels import check_attention_args
+    from pagedkv.kernels.cuda import paged_attention_cuda
+
+    case = make_case([1, 16, 600, 2000, 4096], num_heads=32, num_kv_heads=8, head_size=128, block_size=16,
+                     dtype=dtype)
+    shape = check_attention_args(*case)
+    expected = sdpa(*case)
+    for flavour in ("tree", "shuffle"):
+        out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour=flavour)
+        torch.testing.assert_close(out.float().cpu(), expected, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+# ---------------------------------------------------------------- validation
+
+
+def bad(case, **changes):
+    names = ["query", "key_cache", "value_cache", "block_tables", "seq_lens"]
+    args = dict(zip(names, case))
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda c: dict(query=c[0][0]), ShapeError, "query has shape"),
+    (lambda c: dict(query=c[0][:, :, :4].contiguous()), ShapeError, "head_size"),
+    (lambda c: dict(key_cache=c[1][..., 0].contiguous()), ShapeError, "key_cache has shape"),
+    (lambda c: dict(value_cache=c[2][:1]), ShapeError, "value_cache"),
+    (lambda c: dict(query=c[0][:, :3].contiguous()), ShapeError, "multiple of num_kv_heads"),
+    (lambda c: dict(query=c[0].double()), ShapeError, "share a dtype"),
+    (lambda c: dict(block_tables=c[3].long()), ShapeError, "block_tables must be int32"),
+    (lambda c: dict(seq_lens=c[4][:1]), ShapeError, "seq_lens must be int32"),
+    (lambda c: dict(key_cache=c[1].transpose(0, 1)), ShapeError, "contiguous"),
+    (lambda c: dict(seq_lens=torch.tensor([5, 99], dtype=torch.int32)), BlockTableError, "exceed"),
+    (lambda c: dict(seq_lens=torch.tensor([0, 4], dtype=torch.int32)), BlockTableError, ">= 1"),
+    (lambda c: dict(block_tables=c[3] + 100), BlockTableError, "outside the cache"),
+    (lambda c: dict(block_tables=c[3] - 100), BlockTableError, "outside the cache"),
+])
+def test_validation_before_launch(change, error, match):
+    case = make_case([5, 8], num_heads=4, num_kv_heads=2)
+    with pytest.raises(error, match=match) as info:
+        paged_attention(**bad(case, **change(case)), backend="cuda")
+    assert isinstance(info.value, ValueError)
+
+
+def test_validation_of_options():
+    case = make_case([5], num_heads=2, num_kv_heads=2)
+    with pytest.raises(ValueError, match="backend"):
+        paged_attention(*case, backend="tpu")
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        paged_attention(*case, backend="cuda", partition_size=6)
+    with pytest.raises(ShapeError, match="float32 or float16"):
+        paged_attention(*[t.bfloat16() if t.is_floating_point() else t for t in case], backend="cpu")
+    bf16 = [t.bfloat16() if t.is_floating_point() else t for t in case]  # the torch reference takes bf16
+    torch.testing.assert_close(paged_attention(*bf16, backend="torch").float(), sdpa(*case), atol=3e-2, rtol=3e-2)
+
+
+def test_unused_table_entries_are_not_checked():
+    q, k, v, tables, lens = make_case([3, 9], num_heads=2, num_kv_heads=2)
+    tables[0, 2] = 10_000  # padding past sequence 0's length: never read
+    check("cpu", (q, k, v, tables, lens))
+
+
+def test_paged_kv_cache_attention_matches_reference():
+    from pagedkv import PagedKVCache
+
+    c = PagedKVCache(num_gpu_blocks=8, block_size=4, num_kv_heads=1, head_size=8)
+    g = torch.Generator().manual_seed(0)
+    for seq, n in (("a", 6), ("b", 3)):
+        c.add_sequence(seq, torch.randn(n, 1, 8, generator=g), torch.randn(n, 1, 8, generator=g))
+    c.fork("a", "a2")
+    c.append("a2", torch.randn(1, 8, generator=g), torch.randn(1, 8, generator=g))
+    query = torch.randn(3, 2, 8, generator=g)
+    for backend in ("cpu", "cuda"):
+        out = c.attention(query, ["a", "b", "a2"], backend=backend)
+        tables, lens = c.block_tables(["a", "b", "a2"])
+        torch.testing.assert_close(out, sdpa(query, c.key_cache, c.value_cache, tables, lens), atol=2e-5, rtol=2e-5)
+
+
+# ---------------------------------------------------------------- backend mode and PTX
+
+
+def run_python(code, **env):
+    full_env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "PAGEDKV_QUIET")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the no-GPU path")
+def test_simulator_switches_on_by_itself_and_says_so():
+    r = run_python("import pagedkv, numba.cuda as c; from numba.cuda.core import config; "
+                   "print(pagedkv.CUDA_MODE.simulator, bool(config.ENABLE_CUDASIM))")
+    assert r.stdout.split() == ["True", "True"]
+    assert "simulator" in r.stderr and "no NVIDIA driver" in r.stderr
+
+
+def test_user_setting_wins():
+    r = run_python("import pagedkv; print(pagedkv.CUDA_MODE)", NUMBA_ENABLE_CUDASIM="1")
+    assert "simulator=True" in r.stdout and "you set NUMBA_ENABLE_CUDASIM=1" in r.stdout
+    assert r.stderr == ""
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the no-GPU path")
+def test_numba_cuda_imported_first_in_the_wrong_mode_warns():
+    r = run_python("import os; os.environ['NUMBA_ENABLE_CUDASIM'] = '0'; import numba.cuda; "
+                   "del os.environ['NUMBA_ENABLE_CUDASIM']; import pagedkv")
+    assert "imported before pagedkv" in r.stderr and "import pagedkv first" in r.stderr
+
+
+def test_ptx_for_a_real_gpu_has_no_fp64():
+    r = subprocess.run([sys.executable, "-m", "pagedkv.kernels.ptx", "--cc", "9.0"], capture_output=True,
+                       text=True, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 12 and all(line.endswith("ok") for line in lines)  # 2 flavours x 2 dtypes x 3 kernels
+
+
+def test_fp64_detector():
+    ptx = "\tadd.f32 %f1, %f2, %f3;\n\tcvt.f64.f32 %fd1, %f1;\n// a comment about .f64\n"
+    assert fp64_lines(ptx) == ["cvt.f64.f32 %fd1, %f1;"]
