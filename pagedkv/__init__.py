@@ -4,7 +4,6 @@ Layers, lowest first (a module only imports the ones above it in this list):
 sizing -> blocks -> prefix -> manager -> cache -> kernels -> paged_cache -> decoding -> sim -> viz.
 """
 
-from .kernels import CUDA_MODE, paged_attention, reference_paged_attention  # first: sets the CUDA mode
 from .blocks import BlockAllocator, FreeBlockQueue
 from .cache import CacheEngine
 from .errors import (
@@ -20,6 +19,7 @@ from .errors import (
     UnknownSequenceError,
     WrongDeviceError,
 )
+from .kernels import CUDA_MODE, paged_attention, reference_paged_attention  # first: sets the CUDA mode
 from .manager import AllocStatus, BlockSpaceManager
 from .paged_cache import CacheEvent, PagedKVCache
 from .prefix import hash_block_tokens

@@ -33,7 +33,8 @@ class CacheEvent:
 
     def __str__(self) -> str:
         copies = ", ".join(f"{s}->{d}" for s, d in self.copies)
-        return f"{self.kind:<13} seq {self.seq_id}: blocks {list(self.blocks)}" + (f"  copies {copies}" if copies else "")
+        text = f"{self.kind:<13} seq {self.seq_id}: blocks {list(self.blocks)}"
+        return text + (f"  copies {copies}" if copies else "")
 
 
 class PagedKVCache:

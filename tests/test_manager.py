@@ -7,7 +7,6 @@ from pagedkv import (
     EmptyPromptError,
     NoFreeBlocksError,
     PagedKVError,
-    UnknownSequenceError,
     WrongDeviceError,
 )
 

@@ -77,4 +77,4 @@ def test_with_dtype_and_weights():
     assert spec.with_dtype("fp8").kv_bytes_per_token * 2 == spec.kv_bytes_per_token
     assert spec.weight_bytes == 2 * spec.num_params
     with pytest.raises(ValueError, match="num_params"):
-        ModelSpec("m", 1, 1, 1, 1).weight_bytes
+        _ = ModelSpec("m", 1, 1, 1, 1).weight_bytes

@@ -112,7 +112,7 @@ def shuffle_reduction(combine, num_warps):
     return reduce
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: str, logits_len: int,
                   jit: bool = True):
     """Build the v1, v2 and reduce kernels for one set of compile-time sizes (cached).

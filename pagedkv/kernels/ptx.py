@@ -15,6 +15,7 @@ import os
 import sys
 from types import SimpleNamespace
 
+
 def signatures(dtype: str) -> dict:
     """numba type signatures of the v1, v2 and reduce kernels for a cache dtype."""
     q = f"{dtype}[:, :, ::1]"
