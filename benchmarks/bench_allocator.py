@@ -8,9 +8,9 @@ Prints ops per second for pools of 1k to 100k blocks (block_size 16).
 import random
 import time
 
-from _common import best_of, machine
-
 from pagedkv import BlockAllocator, BlockSpaceManager
+
+from _common import best_of, machine
 
 BLOCK_SIZE = 16
 

@@ -16,10 +16,11 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from _common import best_of, machine
 
 from pagedkv import paged_attention
 from pagedkv.kernels import CUDA_MODE
+
+from _common import best_of, machine
 
 
 def make_paged(num_seqs, num_heads, num_kv_heads, head_size, seq_len, block_size, dtype, device, seed=0):

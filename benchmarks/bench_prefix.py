@@ -10,9 +10,9 @@ blocks; the rest are fresh blocks (evicting cached ones once the pool cycles).
 import random
 import time
 
-from _common import machine
-
 from pagedkv import BlockSpaceManager
+
+from _common import machine
 
 BLOCK_SIZE, SHARED = 16, 512
 

@@ -15,9 +15,10 @@ import argparse
 import math
 
 import numpy as np
-from _common import machine
 
 from pagedkv.decoding import run_decoding, synthetic_prompt
+
+from _common import machine
 
 DATASETS = {"alpaca": (19.31, 58.45, 0.6), "sharegpt": (161.31, 337.99, 0.9)}
 PAPER = {  # vLLM paper, Fig. 15 (OPT-13B): savings at widths 2, 4, 6

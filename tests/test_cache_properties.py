@@ -4,9 +4,10 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from invariants import check_manager_invariants
 
 from pagedkv import PagedKVCache, PagedKVError
+
+from invariants import check_manager_invariants
 
 H, D = 1, 2
 

@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from invariants import check_manager_invariants
 from pagedkv import PagedKVCache
 from pagedkv.decoding import BeamSearch, ParallelSampler, ToyScorer, run_decoding, sharing_savings, synthetic_prompt
+
+from invariants import check_manager_invariants
 
 
 def cache(num_blocks=64, block_size=4):

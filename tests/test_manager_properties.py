@@ -3,9 +3,10 @@
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from invariants import check_manager_invariants
 
 from pagedkv import BlockSpaceManager, PagedKVError
+
+from invariants import check_manager_invariants
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=12)  # few distinct ids: prefix hits happen
 
