@@ -1,0 +1,70 @@
+import pytest
+
+from pagedkv.sim import PARTS, FirstFit, max_concurrent_requests, memory_breakdown, simulate, synthetic_lengths
+
+
+@pytest.fixture(scope="module")
+def sharegpt():
+    return {p: memory_breakdown(p, "sharegpt", num_requests=300, progress=False)
+            for p in ("reserve_max", "reserve_pow2", "oracle", "paged")}
+
+
+def test_fractions_are_an_exact_partition(sharegpt):
+    for parts in sharegpt.values():
+        assert set(parts) == set(PARTS)
+        assert sum(parts.values()) == pytest.approx(1.0, abs=1e-9)
+        assert all(v >= -1e-12 for v in parts.values())
+
+
+def test_paper_ordering_and_bounds(sharegpt):
+    token = {p: parts["token_states"] for p, parts in sharegpt.items()}
+    assert token["paged"] >= 0.9 and token["reserve_max"] <= 0.45
+    assert token["paged"] > token["oracle"] > token["reserve_pow2"] > token["reserve_max"]
+    assert sharegpt["oracle"]["internal_fragmentation"] == 0  # the oracle reserves exactly what is used
+
+
+def test_deterministic_under_a_seed():
+    a = simulate("paged", "alpaca", seed=3, num_requests=200, progress=False)
+    b = simulate("paged", "alpaca", seed=3, num_requests=200, progress=False)
+    assert a.breakdown == b.breakdown and a.steps == b.steps
+    assert simulate("paged", "alpaca", seed=4, num_requests=200, progress=False).steps != a.steps
+
+
+def test_workload_lengths_match_the_datasets():
+    pairs = synthetic_lengths("sharegpt", 20_000, seed=0)
+    mean_in = sum(p for p, _ in pairs) / len(pairs)
+    mean_out = sum(o for _, o in pairs) / len(pairs)
+    assert mean_in == pytest.approx(161.31, rel=0.05) and mean_out == pytest.approx(337.99, rel=0.05)
+    assert all(p + o <= 2048 and p >= 1 for p, o in pairs)
+
+
+def test_custom_lengths_and_every_request_finishes():
+    r = simulate("oracle", lengths=[(10, 5)] * 50, budget_tokens=4096, max_len=2048, progress=False)
+    assert r.workload == "custom" and r.steps > 0
+    r = simulate("paged", lengths=[(1000, 1000)] * 6, budget_tokens=4096, progress=False)
+    assert r.preemptions > 0  # growing sequences outrun the blocks: the newest is preempted and recomputed
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="policy"):
+        memory_breakdown("buddy", "sharegpt", num_requests=10)
+    with pytest.raises(ValueError, match="workload"):
+        memory_breakdown("paged", "wikipedia", num_requests=10)
+    with pytest.raises(ValueError, match="max_len"):
+        simulate("paged", lengths=[(3000, 1)])
+
+
+def test_first_fit_merges_holes():
+    space = FirstFit(100)
+    a, b, c = space.allocate(30), space.allocate(30), space.allocate(30)
+    assert (a, b, c) == (0, 30, 60) and space.allocate(20) is None  # only 10 left
+    space.free(b, 30)
+    assert space.allocate(40) is None  # 30 + 10 free, but not contiguous: external fragmentation
+    space.free(a, 30)
+    space.free(c, 30)
+    assert space.holes == [(0, 100)]
+
+
+def test_max_concurrent_requests():
+    assert max_concurrent_requests("reserve_max") == 15_700 // 2048
+    assert max_concurrent_requests("paged", request_len=500) == 15_700 // 512
