@@ -5,9 +5,9 @@
 
 import time
 
-from _common import machine
-
 from pagedkv.sim import PARTS, max_concurrent_requests, simulate
+
+from _common import machine
 
 PAPER_TOKEN_STATES = {"reserve_max": "20.4%", "reserve_pow2": "26.8%", "oracle": "38.2%", "paged": "96.3%"}
 
