@@ -2,42 +2,33 @@
 
     python benchmarks/bench_sharing.py [--requests 40]
 
-Workloads are synthetic: prompt and output lengths drawn from log-normal
-distributions whose means match the paper's datasets (Alpaca 19.31 in /
-58.45 out, ShareGPT 161.31 / 337.99), sigma 0.6 for Alpaca's short, similar
-instructions and 0.9 for ShareGPT's long-tailed conversations, clipped to
-[4, 1024].  Log-normal because both datasets' lengths are right-skewed with a
-long tail.  Savings = 1 - (sum of per-request peak blocks with sharing) /
+Workloads are synthetic (``pagedkv.sim.synthetic_lengths``): prompt and
+output lengths drawn from log-normal distributions whose means match the
+paper's datasets (Alpaca 19.31 in / 58.45 out, ShareGPT 161.31 / 337.99),
+sigma 0.6 for Alpaca's short, similar instructions and 0.9 for ShareGPT's
+long-tailed conversations, at most 2,048 tokens a request.  Log-normal because
+both datasets' lengths are right-skewed with a long tail.  Savings = 1 - (sum of per-request peak blocks with sharing) /
 (sum without sharing), block size 16, OPT-like toy scorer (see pagedkv.decoding).
 """
 
 import argparse
-import math
-
-import numpy as np
 
 from pagedkv.decoding import run_decoding, synthetic_prompt
+from pagedkv.sim import synthetic_lengths
 
 from _common import machine
 
-DATASETS = {"alpaca": (19.31, 58.45, 0.6), "sharegpt": (161.31, 337.99, 0.9)}
+DATASETS = ("alpaca", "sharegpt")
 PAPER = {  # vLLM paper, Fig. 15 (OPT-13B): savings at widths 2, 4, 6
     ("parallel", "alpaca"): "6.1 - 9.8%", ("beam", "alpaca"): "37.6 - 55.2%",
     ("parallel", "sharegpt"): "16.2 - 30.5%", ("beam", "sharegpt"): "44.3 - 66.3%",
 }
 
 
-def lengths(mean, sigma, n, rng):
-    mu = math.log(mean) - sigma**2 / 2  # a log-normal with this mu has the wanted mean
-    return np.clip(rng.lognormal(mu, sigma, n).round().astype(int), 4, 1024)
-
-
 def savings(mode, width, dataset, requests, seed=0):
-    mean_in, mean_out, sigma = DATASETS[dataset]
-    rng = np.random.default_rng(seed)
     shared = unshared = 0
-    for i, (p, o) in enumerate(zip(lengths(mean_in, sigma, requests, rng), lengths(mean_out, sigma, requests, rng))):
-        result = run_decoding(mode, width, synthetic_prompt(int(p), seed=i), int(o), block_size=16, seed=i)
+    for i, (p, o) in enumerate(synthetic_lengths(dataset, requests, seed)):
+        result = run_decoding(mode, width, synthetic_prompt(p, seed=i), o, block_size=16, seed=i)
         shared += result.peak_shared
         unshared += result.peak_unshared
     return 1 - shared / unshared

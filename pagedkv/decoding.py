@@ -79,8 +79,8 @@ class DecodeResult:
         return "\n".join(rows)
 
 
-class _Blocks:
-    """The calls a decoder makes, on a manager alone or on a PagedKVCache (then K/V are written too).
+class SequenceOps:
+    """Sequence operations on a manager alone, or on a PagedKVCache (then K/V are written too).
 
     With a cache, token ``t``'s key and value are ``embed(t)``, so gathering a
     sequence must give back the embeddings of its tokens.
@@ -113,10 +113,17 @@ class _Blocks:
     def free(self, seq_id):
         (self.cache or self.manager).free(seq_id)
 
+    def swap_out(self, seq_id):
+        return (self.cache or self.manager).swap_out(seq_id)
+
+    def swap_in(self, seq_id):
+        return (self.cache or self.manager).swap_in(seq_id)
+
 
 class _Decoder:
-    def __init__(self, target, scorer=None):
-        self.blocks = _Blocks(target)
+    def __init__(self, target, scorer=None, id_prefix: str = ""):
+        self.blocks = SequenceOps(target)
+        self.id_prefix = id_prefix
         self.manager = self.blocks.manager
         self.scorer = scorer or ToyScorer()
         self.tokens: dict = {}
@@ -124,9 +131,10 @@ class _Decoder:
         self.steps: list[StepStats] = []
         self._next_id = 0
 
-    def _new_id(self) -> int:
+    def _new_id(self):
+        """Sequence ids 0, 1, 2, ... (or "b0", "b1", ... with ``id_prefix="b"``)."""
         self._next_id += 1
-        return self._next_id - 1
+        return f"{self.id_prefix}{self._next_id - 1}" if self.id_prefix else self._next_id - 1
 
     def _record(self, cow: int = 0, freed: int = 0) -> StepStats:
         m = self.manager
@@ -154,8 +162,8 @@ class _Decoder:
 class ParallelSampler(_Decoder):
     """One prompt, ``n`` continuations forked from it, each sampling its own tokens."""
 
-    def __init__(self, target, prompt, n: int, scorer=None, seed: int = 0):
-        super().__init__(target, scorer)
+    def __init__(self, target, prompt, n: int, scorer=None, seed: int = 0, id_prefix: str = ""):
+        super().__init__(target, scorer, id_prefix)
         self.rng = np.random.default_rng(seed)
         first = self._start(prompt)
         for _ in range(n - 1):
@@ -182,8 +190,8 @@ class BeamSearch(_Decoder):
     a parent with none is freed at once, its unshared blocks back in the free list.
     """
 
-    def __init__(self, target, prompt, width: int, scorer=None):
-        super().__init__(target, scorer)
+    def __init__(self, target, prompt, width: int, scorer=None, id_prefix: str = ""):
+        super().__init__(target, scorer, id_prefix)
         self.width = width
         self._start(prompt)
         self._record()

@@ -1,0 +1,236 @@
+"""The interactive block-table visualizer: buttons that drive a paged KV cache, and its live block map.
+
+All logic is in plain methods (``add_sequence``, ``append``, ``fork``, ``free``,
+``swap_out``, ``swap_in``, ``beam_step``, ``reset``) that the buttons call, so
+tests drive it without a browser.  An action that fails shows its message in
+the widget and changes nothing (every pagedkv error guarantees that).
+The drawing is matplotlib into an ``ipywidgets.Output``: no front-end build,
+so it works in JupyterLab, VS Code and Colab alike.
+"""
+
+from __future__ import annotations
+
+import html
+import random
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from ..decoding import BeamSearch, SequenceOps
+from ..errors import PagedKVError
+from ..manager import BlockSpaceManager
+from ..paged_cache import PagedKVCache
+from .block_map import draw_block_map
+
+
+def counters(state) -> dict:
+    """Live figures shown under the map, computed from a snapshot."""
+    stats = state.prefix_stats
+    return {"blocks_used": state.num_used("gpu"), "num_gpu_blocks": state.num_gpu_blocks,
+            "usage": state.usage, "internal_fragmentation": state.internal_fragmentation,
+            "hit_rate": stats["hit_rate"] if stats else None}
+
+
+class BlockTableVisualizer:
+    """``BlockTableVisualizer()`` makes its own small cache; pass ``target`` to watch yours."""
+
+    def __init__(self, target: PagedKVCache | BlockSpaceManager | None = None, *, block_size: int = 4,
+                 num_gpu_blocks: int = 24, num_cpu_blocks: int = 8, watermark: float = 0.0,
+                 enable_prefix_caching: bool = False, beam_width: int = 3, seed: int = 0):
+        self.settings = dict(block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+                             watermark=watermark, enable_prefix_caching=enable_prefix_caching)
+        self.beam_width = beam_width
+        self.rng = random.Random(seed)
+        self.message = ""
+        self.log: list[str] = []
+        self.last_touched: list = []
+        self._attach(target or self._new_cache())
+        self._build_widgets()
+        self.refresh()
+
+    # ------------------------------------------------------------ the model
+    def _new_cache(self) -> PagedKVCache:
+        s = self.settings
+        return PagedKVCache(s["num_gpu_blocks"], s["block_size"], num_kv_heads=1, head_size=1,
+                            num_cpu_blocks=s["num_cpu_blocks"], watermark=s["watermark"],
+                            enable_prefix_caching=s["enable_prefix_caching"])
+
+    def _attach(self, target) -> None:
+        self.ops = SequenceOps(target)
+        self.manager = self.ops.manager
+        self.beam: BeamSearch | None = None
+        self._next_name = 0
+
+    @property
+    def seq_ids(self) -> list:
+        return self.manager.seq_ids
+
+    def snapshot(self):
+        return self.manager.snapshot()
+
+    def counters(self) -> dict:
+        return counters(self.snapshot())
+
+    def _act(self, description: str, action) -> bool:
+        """Run one action; on a pagedkv error keep the state and show the message instead."""
+        self.message = ""  # an action may set an informative message of its own
+        try:
+            touched = action()
+        except PagedKVError as error:
+            self.message = f"{description} failed: {error}"
+            self.refresh()
+            return False
+        self.last_touched = list(touched or [])
+        self.log.append(description)
+        self.refresh()
+        return True
+
+    def _name(self) -> str:
+        name = chr(ord("A") + self._next_name % 26) + ("" if self._next_name < 26 else str(self._next_name // 26))
+        self._next_name += 1
+        return name
+
+    def _prompt(self, length: int, reuse: bool) -> list[int]:
+        """``reuse``: the same tokens every time (so prefix caching hits); else fresh random ones."""
+        return list(range(length)) if reuse else [self.rng.randrange(1000, 32000) for _ in range(length)]
+
+    def add_sequence(self, prompt_len: int = 6, reuse_prompt: bool = False):
+        name = self._name()
+        tokens = self._prompt(prompt_len, reuse_prompt)
+
+        def action():
+            self.ops.allocate(name, tokens)
+            return self.manager.get_block_table(name)
+
+        return name if self._act(f"add {name} ({prompt_len} tokens)", action) else None
+
+    def append(self, seq_id, num_tokens: int = 1) -> bool:
+        def action():
+            self.manager.get_block_table(seq_id)  # an unknown id fails here, before anything changes
+            if not self.manager.can_append_slots(seq_id, num_tokens):
+                self.manager.append_slots(seq_id, [0] * num_tokens)  # raises the manager's own error
+            copies = 0
+            for _ in range(num_tokens):
+                copies += self.ops.append(seq_id, self.rng.randrange(1000, 32000))
+            table = self.manager.get_block_table(seq_id)
+            return table[-(1 + copies):]
+
+        return self._act(f"append {num_tokens} to {seq_id}", action)
+
+    def fork(self, seq_id):
+        child = self._name()
+        ok = self._act(f"fork {seq_id} -> {child}",
+                       lambda: (self.ops.fork(seq_id, child), self.manager.get_block_table(child))[1])
+        return child if ok else None
+
+    def free(self, seq_id) -> bool:
+        return self._act(f"free {seq_id}", lambda: (self.ops.free(seq_id), [])[1])
+
+    def swap_out(self, seq_id) -> bool:
+        return self._act(f"swap out {seq_id}", lambda: [("cpu", c) for _, c in self.ops.swap_out(seq_id)])
+
+    def swap_in(self, seq_id) -> bool:
+        return self._act(f"swap in {seq_id}", lambda: [g for _, g in self.ops.swap_in(seq_id)])
+
+    def beam_step(self, prompt_len: int = 6) -> bool:
+        """Start a beam search (first click) or advance it by one step."""
+        def action():
+            if self.beam is None or not self.beam.tokens:
+                self.beam = BeamSearch(self.ops.cache or self.manager, self._prompt(prompt_len, False),
+                                       self.beam_width, id_prefix="beam")
+                return [b for s in self.beam.tokens for b in self.manager.get_block_table(s)]
+            stats = self.beam.step()
+            self.message = (f"beam step {stats.step}: {stats.blocks_shared} blocks shared vs "
+                            f"{stats.blocks_unshared} unshared, {stats.cow_copies} copies, "
+                            f"{stats.blocks_freed} freed by pruning")
+            return [self.manager.get_block_table(s)[-1] for s in self.beam.tokens]
+
+        return self._act("beam search step", action)
+
+    def reset(self, **settings) -> None:
+        """Start again with an empty cache; keyword arguments change the settings (block_size, ...)."""
+        self.settings.update(settings)
+        self._attach(self._new_cache())
+        self.log, self.message, self.last_touched = ["reset"], "", []
+        self.refresh()
+
+    # ------------------------------------------------------------- the view
+    def _build_widgets(self) -> None:
+        w = widgets
+        self.prompt_len = w.BoundedIntText(value=6, min=1, max=4096, description="prompt len",
+                                           layout=w.Layout(width="170px"))
+        self.reuse = w.Checkbox(value=False, description="same prompt", indent=False, layout=w.Layout(width="120px"))
+        self.num_tokens = w.BoundedIntText(value=1, min=1, max=4096, description="k tokens",
+                                           layout=w.Layout(width="160px"))
+        self.seq_menu = w.Dropdown(options=[], description="sequence", layout=w.Layout(width="200px"))
+        self.buttons = {}
+        for label, handler in (
+            ("add sequence", lambda _: self.add_sequence(self.prompt_len.value, self.reuse.value)),
+            ("append", lambda _: self.append(self.seq_menu.value, self.num_tokens.value)),
+            ("fork", lambda _: self.fork(self.seq_menu.value)),
+            ("free", lambda _: self.free(self.seq_menu.value)),
+            ("swap out", lambda _: self.swap_out(self.seq_menu.value)),
+            ("swap in", lambda _: self.swap_in(self.seq_menu.value)),
+            ("beam step", lambda _: self.beam_step(self.prompt_len.value)),
+            ("reset", lambda _: self._reset_from_controls()),
+        ):
+            button = w.Button(description=label, layout=w.Layout(width="105px"))
+            button.on_click(handler)
+            self.buttons[label] = button
+        self.block_size = w.BoundedIntText(value=self.settings["block_size"], min=1, max=256, description="block size",
+                                           layout=w.Layout(width="170px"))
+        self.gpu_blocks = w.BoundedIntText(value=self.settings["num_gpu_blocks"], min=1, max=1024,
+                                           description="GPU blocks", layout=w.Layout(width="170px"))
+        self.cpu_blocks = w.BoundedIntText(value=self.settings["num_cpu_blocks"], min=0, max=1024,
+                                           description="CPU blocks", layout=w.Layout(width="170px"))
+        self.watermark = w.BoundedFloatText(value=self.settings["watermark"], min=0, max=0.5, step=0.01,
+                                            description="watermark", layout=w.Layout(width="170px"))
+        self.caching = w.Checkbox(value=self.settings["enable_prefix_caching"], description="prefix caching",
+                                  indent=False)
+        self.counters_html = w.HTML()
+        self.message_html = w.HTML()
+        self.log_area = w.Textarea(disabled=True, layout=w.Layout(width="100%", height="90px"))
+        self.output = w.Output()
+        b = self.buttons
+        self.widget = w.VBox([
+            w.HBox([self.prompt_len, self.reuse, b["add sequence"], self.seq_menu, self.num_tokens]),
+            w.HBox([b["append"], b["fork"], b["free"], b["swap out"], b["swap in"], b["beam step"], b["reset"]]),
+            self.message_html, self.counters_html, self.output, self.log_area,
+            w.Accordion([w.HBox([self.block_size, self.gpu_blocks, self.cpu_blocks, self.watermark, self.caching])],
+                        titles=("settings (applied on reset)",)),
+        ])
+
+    def _reset_from_controls(self) -> None:
+        self.reset(block_size=self.block_size.value, num_gpu_blocks=self.gpu_blocks.value,
+                   num_cpu_blocks=self.cpu_blocks.value, watermark=self.watermark.value,
+                   enable_prefix_caching=self.caching.value)
+
+    def counters_text(self) -> str:
+        c = self.counters()
+        hit = "off" if c["hit_rate"] is None else f"{c['hit_rate']:.0%}"
+        return (f"blocks used {c['blocks_used']}/{c['num_gpu_blocks']} | usage {c['usage']:.0%} | "
+                f"internal fragmentation {c['internal_fragmentation']:.0%} | prefix hit rate {hit}")
+
+    def refresh(self) -> None:
+        """Redraw the map and update the counters, the menu, the message and the log."""
+        if not hasattr(self, "output"):
+            return
+        state = self.snapshot()
+        current = self.seq_menu.value
+        self.seq_menu.options = list(state.tables)
+        if current in state.tables:
+            self.seq_menu.value = current
+        self.counters_html.value = f"<code class='pagedkv-counters'>{html.escape(self.counters_text())}</code>"
+        self.message_html.value = (f"<span class='pagedkv-message' style='color:#B00'>{html.escape(self.message)}"
+                                   "</span>" if self.message else "")
+        self.log_area.value = "\n".join(reversed(self.log[-50:]))
+        with self.output:
+            self.output.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(9, 4.5))
+            draw_block_map(state, ax=ax, highlight=self.last_touched)
+            plt.show()
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)

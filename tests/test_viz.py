@@ -1,0 +1,130 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import PatchCollection  # noqa: E402
+
+from pagedkv import BlockSpaceManager  # noqa: E402
+from pagedkv.viz import BlockTableVisualizer, draw_block_map  # noqa: E402
+from pagedkv.viz.figures import FIGURES, make_all_figures  # noqa: E402
+
+
+def texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+def cells(ax):
+    """Rectangles outlining physical blocks (the unfilled edge-only patches drawn per cell)."""
+    return [p for p in ax.patches if not p.get_fill()]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def test_empty_pool():
+    ax = draw_block_map(BlockSpaceManager(4, 8).snapshot())
+    assert len(cells(ax)) == 8
+    assert "#0" in texts(ax) and "#7" in texts(ax)  # free-queue positions
+
+
+def test_shared_blocks_show_ref_counts_and_stripes():
+    m = BlockSpaceManager(4, 8)
+    m.allocate("a", range(6))
+    m.fork("a", "b")
+    ax = draw_block_map(m.snapshot())
+    assert texts(ax).count("x2") == 2
+    faces = ax.collections[0]
+    assert isinstance(faces, PatchCollection) and len(faces.get_paths()) == 6 + 2 * 2 * 2  # free + 2 stripes x 2
+    assert "seq a" in texts(ax) and "seq b" in texts(ax)
+
+
+def test_swapped_and_highlighted():
+    m = BlockSpaceManager(4, 8, num_cpu_blocks=4)
+    m.allocate("a", range(6))
+    m.swap_out("a")
+    ax = draw_block_map(m.snapshot(), highlight=[("cpu", 0)])
+    assert len(cells(ax)) == 12  # both pools drawn
+    assert "CPU pool (4 blocks)" in texts(ax) and "0c" in texts(ax)
+    assert sum(p.get_linewidth() > 2 for p in cells(ax)) == 1
+
+
+def test_prefix_cached_blocks_show_their_hash():
+    m = BlockSpaceManager(4, 8, enable_prefix_caching=True)
+    m.allocate("a", range(9))
+    name = m.snapshot().blocks[0].block_hash[:4]
+    m.free("a")
+    ax = draw_block_map(m.snapshot())
+    assert name in texts(ax)
+
+
+def test_large_pools_drop_labels():
+    m = BlockSpaceManager(16, 256)
+    for i in range(20):
+        m.allocate(i, range(150))
+    ax = draw_block_map(m.snapshot())
+    assert len(cells(ax)) == 256 and "#0" not in texts(ax)
+
+
+# ------------------------------------------------------------------ the widget
+
+
+def test_visualizer_controls_drive_the_cache():
+    v = BlockTableVisualizer(block_size=4, num_gpu_blocks=16, num_cpu_blocks=4)
+    a = v.add_sequence(6)
+    assert v.counters()["blocks_used"] == 2 and v.seq_menu.options == (a,)
+    assert v.append(a, 3) and v.manager.get_num_tokens(a) == 9
+    b = v.fork(a)
+    assert v.manager.get_block_table(b) == v.manager.get_block_table(a)
+    v.append(b, 1)
+    assert v.last_touched  # the copy-on-write block is highlighted
+    assert v.swap_out(a) and v.manager.get_device(a) == "cpu"
+    assert v.swap_in(a) and v.manager.get_device(a) == "gpu"
+    assert v.free(b) and b not in v.seq_ids
+    assert v.beam_step() and v.beam_step()
+    assert v.message.startswith("beam step 1")
+    assert "blocks used" in v.counters_text()
+    assert v.log[:3] == ["add A (6 tokens)", "append 3 to A", "fork A -> B"]
+    assert len(v.output.outputs) <= 1  # redrawn in place, not stacked
+
+
+def test_errors_become_messages_and_change_nothing():
+    v = BlockTableVisualizer(block_size=4, num_gpu_blocks=4, num_cpu_blocks=0)
+    v.add_sequence(8)
+    before = v.snapshot()
+    assert v.add_sequence(100) is None and "needs 25 free GPU blocks" in v.message
+    assert not v.append("nope") and "unknown sequence" in v.message
+    assert not v.swap_out("A") and "CPU" in v.message  # no CPU pool room
+    assert not v.append("A", 50) and "free GPU blocks" in v.message
+    assert v.snapshot() == before
+    assert "color:#B00" in v.message_html.value
+
+
+def test_reset_applies_settings_and_prefix_caching_counts_hits():
+    v = BlockTableVisualizer()
+    v.reset(block_size=2, num_gpu_blocks=10, enable_prefix_caching=True)
+    v.add_sequence(5, reuse_prompt=True)
+    v.add_sequence(5, reuse_prompt=True)
+    assert v.manager.block_size == 2 and v.counters()["hit_rate"] == 0.5
+    assert "prefix hit rate 50%" in v.counters_text()
+
+
+def test_visualizer_watches_a_given_manager():
+    m = BlockSpaceManager(4, 8)
+    v = BlockTableVisualizer(m)
+    v.add_sequence(3)
+    assert m.seq_ids == ["A"]
+
+
+# ------------------------------------------------------------------ figures
+
+
+def test_figures_regenerate_deterministically(tmp_path):
+    first = make_all_figures(tmp_path / "a")
+    second = make_all_figures(tmp_path / "b")
+    assert [p.name for p in first] == list(FIGURES)
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(first, second))
