@@ -4,7 +4,6 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from matplotlib.collections import PatchCollection  # noqa: E402
 
 from pagedkv import BlockSpaceManager  # noqa: E402
 from pagedkv.viz import BlockTableVisualizer, draw_block_map  # noqa: E402
@@ -15,9 +14,13 @@ def texts(ax):
     return [t.get_text() for t in ax.texts]
 
 
+def collection(ax, gid):
+    return next(c for c in ax.collections if c.get_gid() == gid)
+
+
 def cells(ax):
-    """Rectangles outlining physical blocks (the unfilled edge-only patches drawn per cell)."""
-    return [p for p in ax.patches if not p.get_fill()]
+    """The outlines of the physical blocks: one per block."""
+    return collection(ax, "block_outlines").get_paths()
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +41,8 @@ def test_shared_blocks_show_ref_counts_and_stripes():
     m.fork("a", "b")
     ax = draw_block_map(m.snapshot())
     assert texts(ax).count("x2") == 2
-    faces = ax.collections[0]
-    assert isinstance(faces, PatchCollection) and len(faces.get_paths()) == 6 + 2 * 2 * 2  # free + 2 stripes x 2
+    fills = collection(ax, "fills").get_paths()
+    assert len(fills) == 6 + 2 * 2 * 2 + 2 * 2  # free cells, 2 stripes x (empty + filled) x 2, table entries
     assert "seq a" in texts(ax) and "seq b" in texts(ax)
 
 
@@ -50,7 +53,7 @@ def test_swapped_and_highlighted():
     ax = draw_block_map(m.snapshot(), highlight=[("cpu", 0)])
     assert len(cells(ax)) == 12  # both pools drawn
     assert "CPU pool (4 blocks)" in texts(ax) and "0c" in texts(ax)
-    assert sum(p.get_linewidth() > 2 for p in cells(ax)) == 1
+    assert sum(w > 2 for w in collection(ax, "block_outlines").get_linewidths()) == 1
 
 
 def test_prefix_cached_blocks_show_their_hash():
@@ -76,10 +79,11 @@ def test_large_pools_drop_labels():
 def test_visualizer_controls_drive_the_cache():
     v = BlockTableVisualizer(block_size=4, num_gpu_blocks=16, num_cpu_blocks=4)
     a = v.add_sequence(6)
-    assert v.counters()["blocks_used"] == 2 and v.seq_menu.options == (a,)
+    assert v.counters()["blocks_used"] == 2 and v.seq_menu.options == (a,) and v.seq_menu.value == a
     assert v.append(a, 3) and v.manager.get_num_tokens(a) == 9
     b = v.fork(a)
     assert v.manager.get_block_table(b) == v.manager.get_block_table(a)
+    assert v.seq_menu.value == b  # the newest sequence is selected
     v.append(b, 1)
     assert v.last_touched  # the copy-on-write block is highlighted
     assert v.swap_out(a) and v.manager.get_device(a) == "cpu"
@@ -89,6 +93,9 @@ def test_visualizer_controls_drive_the_cache():
     assert v.message.startswith("beam step 1")
     assert "blocks used" in v.counters_text()
     assert v.log[:3] == ["add A (6 tokens)", "append 3 to A", "fork A -> B"]
+    assert v.output.outputs == ()  # not on screen: nothing drawn
+    v._ipython_display_()
+    v.append(a, 1)
     assert len(v.output.outputs) <= 1  # redrawn in place, not stacked
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 
 import matplotlib.pyplot as plt
-from matplotlib.collections import PatchCollection
-from matplotlib.patches import Rectangle
+from matplotlib.collections import PolyCollection
 
 from ..state import ManagerState
 
@@ -38,46 +37,40 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
 
     ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline, e.g.
-    the blocks the last event touched.  ``labels`` (default: on up to 128
-    blocks per pool) prints ids, ref counts and free positions in the cells.
+    the blocks the last event touched.  ``labels`` (default: on up to 128 blocks
+    in all) prints ids, ref counts and free positions in the cells; without them
+    each block table is a bar of entries and its length.  Rectangles go into two collections
+    (fills, outlines), which keeps a 256-block redraw fast.
     """
     colors = seq_colors(state)
     marked = {h if isinstance(h, tuple) else ("gpu", h) for h in highlight}
     pools = [d for d, n in (("gpu", state.num_gpu_blocks), ("cpu", state.num_cpu_blocks)) if n]
+    labels = labels if labels is not None else len(state.blocks) <= 128
     cols = {d: _grid_columns(len(state.device_blocks(d))) for d in pools}
     rows = {d: math.ceil(len(state.device_blocks(d)) / cols[d]) for d in pools}
     table_rows = len(state.tables) if show_tables else 0
-    width = sum(cols.values()) + (len(pools) - 1)
-    table_width = max((len(t) for t in state.tables.values()), default=0) + 2
-    width = max(width, table_width if show_tables else 0, 4)
+    longest = max((len(t) for t in state.tables.values()), default=0)
+    width = max(sum(cols.values()) + len(pools) - 1, (longest if labels else longest / 2 + 2) if table_rows else 0, 4)
     height = max(rows.values(), default=1) + (table_rows + 1.5 if table_rows else 0)
     if ax is None:
         _, ax = plt.subplots(figsize=(min(0.55 * width + 1, 16), min(0.55 * height + 1.2, 14)))
 
-    patches, faces, x0 = [], [], 0.0
+    fills, outlines, table_edges = _Rects("fills"), _Rects("block_outlines"), _Rects("table_outlines")
+    x0 = 0.0
     for device in pools:
         blocks = state.device_blocks(device)
-        show = labels if labels is not None else len(blocks) <= 128
         ax.text(x0, -0.35, f"{device.upper()} pool ({len(blocks)} blocks)", fontsize=9, weight="bold")
         for b in blocks:
             x, y = x0 + b.block_id % cols[device], b.block_id // cols[device]
-            _draw_cell(ax, b, x, y, state.block_size, colors, patches, faces, show,
-                       (device, b.block_id) in marked)
+            _cell(ax, b, x, y, state.block_size, colors, fills, labels)
+            marked_cell = (device, b.block_id) in marked
+            outlines.add(x, y, CELL, CELL, HIGHLIGHT if marked_cell else EDGE, 2.2 if marked_cell else 0.6)
         x0 += cols[device] + 1
-    ax.add_collection(PatchCollection(patches, facecolors=faces, edgecolors="none", zorder=1))
-
     if table_rows:
-        top = max(rows.values(), default=1) + 1
-        ax.text(0, top - 0.35, "block tables (logical block i -> physical block)", fontsize=9, weight="bold")
-        for r, (seq, table) in enumerate(state.tables.items()):
-            y = top + r
-            device = state.seq_devices[seq]
-            ax.text(-0.1, y + 0.5, f"seq {seq}", ha="right", va="center", fontsize=8)
-            for i, block_id in enumerate(table):
-                ax.add_patch(Rectangle((i, y + 0.1), 0.9, 0.8, facecolor=colors[seq], edgecolor=EDGE, lw=0.6,
-                                       alpha=0.9 if device == "gpu" else 0.45))
-                ax.text(i + 0.45, y + 0.5, f"{block_id}" + ("c" if device == "cpu" else ""), ha="center",
-                        va="center", fontsize=7)
+        _tables(ax, state, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels)
+    ax.add_collection(fills.collection(zorder=1))
+    ax.add_collection(outlines.collection(zorder=3, filled=False))
+    ax.add_collection(table_edges.collection(zorder=3, filled=False))
     ax.set_xlim(-2.2 if table_rows else -0.5, width + 0.2)
     ax.set_ylim(height + 0.2, -0.8)
     ax.set_aspect("equal")
@@ -87,35 +80,70 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     return ax
 
 
-def _draw_cell(ax, b, x, y, block_size, colors, patches, faces, show_labels, marked):
-    size = 0.9
+CELL = 0.9  # a cell's side; the grid pitch is 1
+
+
+class _Rects:
+    """Rectangles gathered into one PolyCollection: one artist instead of hundreds of patches."""
+
+    def __init__(self, name: str):
+        self.name, self.corners, self.colors, self.widths = name, [], [], []
+
+    def add(self, x, y, w, h, color, width=0.0):
+        self.corners.append(((x, y), (x + w, y), (x + w, y + h), (x, y + h)))
+        self.colors.append(color)
+        self.widths.append(width)
+
+    def collection(self, zorder, filled=True):
+        if filled:
+            rects = PolyCollection(self.corners, facecolors=self.colors, edgecolors="none", zorder=zorder)
+        else:
+            rects = PolyCollection(self.corners, facecolors="none", edgecolors=self.colors,
+                                   linewidths=self.widths, zorder=zorder)
+        rects.set_gid(self.name)
+        return rects
+
+
+def _cell(ax, b, x, y, block_size, colors, fills, labels):
     if b.is_free:
-        patches.append(Rectangle((x, y), size, size))
-        faces.append(CACHED if b.block_hash else FREE)
+        fills.add(x, y, CELL, CELL, CACHED if b.block_hash else FREE)
     else:
         owners = [s for s in b.seq_ids if s in colors] or [None]
-        stripe = size / len(owners)
-        fill = size * b.num_tokens / block_size
+        stripe = CELL / len(owners)
+        filled = CELL * b.num_tokens / block_size
         for i, seq in enumerate(owners):  # one vertical stripe per sharing sequence
-            patches.append(Rectangle((x + i * stripe, y), stripe, size))
-            faces.append(_lighter(colors.get(seq, "#BBBBBB")))
-            patches.append(Rectangle((x + i * stripe, y + size - fill), stripe, fill))  # filled slots
-            faces.append(colors.get(seq, "#BBBBBB"))
-    ax.add_patch(Rectangle((x, y), size, size, fill=False, edgecolor=HIGHLIGHT if marked else EDGE,
-                           lw=2.2 if marked else 0.6, zorder=3))
-    if not show_labels:
+            color = colors.get(seq, "#BBBBBB")
+            fills.add(x + i * stripe, y, stripe, CELL, _lighter(color))
+            fills.add(x + i * stripe, y + CELL - filled, stripe, filled, color)  # slots holding tokens
+    if not labels:
         return
     ax.text(x + 0.05, y + 0.08, str(b.block_id), fontsize=6, va="top", zorder=4)
     if b.is_free:
         ax.text(x + 0.45, y + 0.55, f"#{b.free_position}", fontsize=6, ha="center", color="#777777", zorder=4)
-        if b.block_hash:
-            ax.text(x + 0.45, y + 0.8, b.block_hash[:4], fontsize=5, ha="center", color="#555555", zorder=4)
-    else:
-        if b.ref_count > 1:
-            ax.text(x + 0.45, y + 0.5, f"x{b.ref_count}", fontsize=8, ha="center", va="center", weight="bold",
-                    zorder=4)
-        if b.block_hash:
-            ax.text(x + 0.45, y + 0.82, b.block_hash[:4], fontsize=5, ha="center", zorder=4)
+    elif b.ref_count > 1:
+        ax.text(x + 0.45, y + 0.5, f"x{b.ref_count}", fontsize=8, ha="center", va="center", weight="bold", zorder=4)
+    if b.block_hash:
+        ax.text(x + 0.45, y + 0.82, b.block_hash[:4], fontsize=5, ha="center", color="#444444", zorder=4)
+
+
+def _tables(ax, state, colors, top, fills, outlines, labels):
+    """One row per sequence: entry i is the physical block of logical block i ('c': a CPU block)."""
+    ax.text(0, top - 0.35, "block tables (logical block i -> physical block)", fontsize=9, weight="bold")
+    for r, (seq, table) in enumerate(state.tables.items()):
+        y = top + r
+        on_cpu = state.seq_devices[seq] == "cpu"
+        count = "" if labels else f" ({len(table)})"  # large maps: no ids, so say how many entries
+        ax.text(-0.1, y + 0.5, f"seq {seq}{count}", ha="right", va="center", fontsize=8)
+        suffix = "c" if on_cpu else ""
+        color = _lighter(colors[seq], 0.5) if on_cpu else colors[seq]
+        if not labels:  # large maps: a thin coloured bar per entry (text is slow to render)
+            for i in range(len(table)):
+                fills.add(i * 0.5, y + 0.3, 0.45, 0.4, color)
+            continue
+        for i, block_id in enumerate(table):
+            fills.add(i, y + 0.1, CELL, 0.8, color)
+            outlines.add(i, y + 0.1, CELL, 0.8, EDGE, 0.6)
+            ax.text(i + 0.45, y + 0.5, f"{block_id}{suffix}", ha="center", va="center", fontsize=7, zorder=4)
 
 
 def _lighter(hex_color: str, amount: float = 0.6) -> tuple:

@@ -44,6 +44,8 @@ class BlockTableVisualizer:
         self.message = ""
         self.log: list[str] = []
         self.last_touched: list = []
+        self._displayed = False  # draw into the Output widget only once it is on screen
+        self._select = None  # the sequence the menu should show after the next refresh
         self._attach(target or self._new_cache())
         self._build_widgets()
         self.refresh()
@@ -86,9 +88,13 @@ class BlockTableVisualizer:
         return True
 
     def _name(self) -> str:
-        name = chr(ord("A") + self._next_name % 26) + ("" if self._next_name < 26 else str(self._next_name // 26))
-        self._next_name += 1
-        return name
+        """The next free sequence name: A, B, ..., Z, A1, B1, ..."""
+        while True:
+            n = self._next_name
+            name = chr(ord("A") + n % 26) + ("" if n < 26 else str(n // 26))
+            if not self.manager.has_seq(name):
+                return name
+            self._next_name += 1
 
     def _prompt(self, length: int, reuse: bool) -> list[int]:
         """``reuse``: the same tokens every time (so prefix caching hits); else fresh random ones."""
@@ -102,6 +108,7 @@ class BlockTableVisualizer:
             self.ops.allocate(name, tokens)
             return self.manager.get_block_table(name)
 
+        self._select = name
         return name if self._act(f"add {name} ({prompt_len} tokens)", action) else None
 
     def append(self, seq_id, num_tokens: int = 1) -> bool:
@@ -119,6 +126,7 @@ class BlockTableVisualizer:
 
     def fork(self, seq_id):
         child = self._name()
+        self._select = child
         ok = self._act(f"fork {seq_id} -> {child}",
                        lambda: (self.ops.fork(seq_id, child), self.manager.get_block_table(child))[1])
         return child if ok else None
@@ -174,7 +182,7 @@ class BlockTableVisualizer:
             ("beam step", lambda _: self.beam_step(self.prompt_len.value)),
             ("reset", lambda _: self._reset_from_controls()),
         ):
-            button = w.Button(description=label, layout=w.Layout(width="105px"))
+            button = w.Button(description=label, layout=w.Layout(width="120px"))
             button.on_click(handler)
             self.buttons[label] = button
         self.block_size = w.BoundedIntText(value=self.settings["block_size"], min=1, max=256, description="block size",
@@ -216,14 +224,17 @@ class BlockTableVisualizer:
         if not hasattr(self, "output"):
             return
         state = self.snapshot()
-        current = self.seq_menu.value
+        wanted = self._select or self.seq_menu.value  # a new sequence is selected at once
         self.seq_menu.options = list(state.tables)
-        if current in state.tables:
-            self.seq_menu.value = current
+        if state.tables:
+            self.seq_menu.value = wanted if wanted in state.tables else list(state.tables)[-1]
+        self._select = None
         self.counters_html.value = f"<code class='pagedkv-counters'>{html.escape(self.counters_text())}</code>"
         self.message_html.value = (f"<span class='pagedkv-message' style='color:#B00'>{html.escape(self.message)}"
                                    "</span>" if self.message else "")
         self.log_area.value = "\n".join(reversed(self.log[-50:]))
+        if not self._displayed:
+            return
         with self.output:
             self.output.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -234,3 +245,5 @@ class BlockTableVisualizer:
         from IPython.display import display
 
         display(self.widget)
+        self._displayed = True
+        self.refresh()

@@ -1,0 +1,119 @@
+"""The visualizer in a real JupyterLab, driven by Chromium through Playwright.
+
+Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped with a reason
+when it is missing.  The server listens on 127.0.0.1 only, with a random
+token, and the server and the browser are shut down even when the test fails.
+"""
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("PAGEDKV_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_block_table_visualizer.ipynb"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+
+pytestmark = pytest.mark.browser
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(url: str, server: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with code {server.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"JupyterLab did not answer at {url} within {timeout} s")
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """A JupyterLab serving a copy of notebook 08 from tmp_path; yields (base_url, token)."""
+    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PAGEDKV_QUIET": "1"}
+    log = open(tmp_path / "jupyterlab.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+         "jupyterlab.NeverCheckForUpdate"] + (["--allow-root"] if os.geteuid() == 0 else []),
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_server(f"{base}/api/status?token={token}", server)
+        yield base, token
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def test_visualizer_reacts_to_clicks(jupyterlab, tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    base, token = jupyterlab
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+            page.wait_for_selector(".jp-NotebookPanel", timeout=90_000)
+            select_kernel = page.locator(".jp-Dialog button:has-text('Select')")
+            try:  # JupyterLab may ask which kernel to start; the notebook's own (python3) is preselected
+                select_kernel.click(timeout=15_000)
+            except sync_api.TimeoutError:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            page.click("div.lm-MenuBar-itemLabel:text-is('Run')")
+            page.click("li.lm-Menu-item:has-text('Run All Cells')")
+            counters = page.locator(".pagedkv-counters")
+            counters.wait_for(timeout=120_000)
+            drawing = page.locator(".widget-output img").first
+            drawing.wait_for(timeout=60_000)
+            assert "blocks used 0/24" in counters.inner_text()
+            before_img = drawing.get_attribute("src")
+
+            page.click("button:has-text('add sequence')")
+            page.wait_for_function(
+                "() => document.querySelector('.pagedkv-counters').textContent.includes('blocks used 2/24')",
+                timeout=30_000)
+            page.wait_for_function(f"() => document.querySelector('.widget-output img')?.src !== {before_img!r}",
+                                   timeout=30_000)
+            after_add = counters.inner_text()
+
+            page.click("button:has-text('append')")
+            page.wait_for_function(f"() => document.querySelector('.pagedkv-counters').textContent !== "
+                                   f"{after_add!r}", timeout=30_000)
+            assert "internal fragmentation 12%" in counters.inner_text()  # 7 tokens in 2 blocks of 4
+            assert page.locator(".widget-output img").first.get_attribute("src") != before_img
+            page.screenshot(path=str(tmp_path / "visualizer.png"), full_page=False)
+        except Exception:
+            page.screenshot(path=str(tmp_path / "failure.png"))  # look here when it fails
+            raise
+        finally:
+            browser.close()
+    assert (tmp_path / "visualizer.png").stat().st_size > 10_000
