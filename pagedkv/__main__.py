@@ -1,4 +1,4 @@
-"""Command line: ``python -m pagedkv info`` and ``python -m pagedkv figures [--out figures/]``."""
+"""Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/]``."""
 
 from __future__ import annotations
 
@@ -35,15 +35,32 @@ def figures(out: str) -> int:
     return 0
 
 
+def labs(notebooks: str, out: str) -> int:
+    from pagedkv.labs.generate import generate_labs
+
+    paths = generate_labs(notebooks, out)
+    if not paths:
+        print(f"no numbered notebooks (NN_name.ipynb) in {notebooks}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pagedkv", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="versions, and whether kernels run on a GPU or in the CUDA simulator")
     fig = commands.add_parser("figures", help="regenerate every figure the README and notebooks show")
     fig.add_argument("--out", default="figures/", help="output folder (default: figures/)")
+    lab = commands.add_parser("labs", help="write the students' exercise notebooks from the solution notebooks")
+    lab.add_argument("--out", default="labs/", help="output folder (default: labs/)")
+    lab.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
+    if args.command == "labs":
+        return labs(args.notebooks, args.out)
     return figures(args.out)
 
 

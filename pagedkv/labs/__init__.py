@@ -1,0 +1,1 @@
+"""Course-lab helpers: friendly answer checks for the notebooks' exercises."""
