@@ -43,7 +43,8 @@ def test_generation_is_idempotent(labs, tmp_path):
 
 def test_stubs():
     source = "# Hint: think\n### BEGIN SOLUTION\nx = 1\ny = [2]\n### END SOLUTION\nprint(x)\n"
-    assert strip_solutions(source) == "# Hint: think\nx = ...  # TODO: your answer\ny = ...  # TODO: your answer\nprint(x)\n"
+    todo = "...  # TODO: your answer\n"
+    assert strip_solutions(source) == f"# Hint: think\nx = {todo}y = {todo}print(x)\n"
     body = "def f(a):\n    ### BEGIN SOLUTION\n    return a\n    ### END SOLUTION\n"
     assert strip_solutions(body) == 'def f(a):\n    raise NotImplementedError("TODO: write this part")\n'
 
