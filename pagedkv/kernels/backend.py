@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 
 
@@ -84,9 +85,10 @@ def configure_cuda_mode(announce: bool = True) -> CudaMode:
 
     imported = imported_cuda_is_simulator()
     if imported is not None and imported != mode.simulator:
-        print(f"pagedkv: numba.cuda was imported before pagedkv in the other mode; {mode.describe()} "
-              "only after a restart. Fix: import pagedkv first, or set NUMBA_ENABLE_CUDASIM="
-              f"{int(mode.simulator)} before starting Python.", file=sys.stderr)
+        warnings.warn(f"numba.cuda was imported before pagedkv in the other mode, so it stays in that mode "
+                      f"({'the simulator' if imported else 'real GPU mode'}) until Python restarts; pagedkv wanted: "
+                      f"{mode.describe()}. Fix: import pagedkv before numba.cuda, or set NUMBA_ENABLE_CUDASIM="
+                      f"{int(mode.simulator)} before starting Python.", RuntimeWarning, stacklevel=2)
     elif announce and mode.simulator and user_value is None and not os.environ.get("PAGEDKV_QUIET"):
         print(f"pagedkv: no CUDA GPU ({mode.reason}); numba.cuda kernels run in numba's CUDA simulator.",
               file=sys.stderr)
