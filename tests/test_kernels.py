@@ -201,7 +201,8 @@ def test_paged_kv_cache_attention_matches_reference():
 
 
 def run_python(code, **env):
-    full_env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "PAGEDKV_QUIET")}
+    fresh_shell = ("NUMBA_ENABLE_CUDASIM", "PAGEDKV_QUIET", "PAGEDKV_CUDASIM_AUTO")
+    full_env = {k: v for k, v in os.environ.items() if k not in fresh_shell}
     full_env.update(env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
 
@@ -239,3 +240,11 @@ def test_ptx_for_a_real_gpu_has_no_fp64():
 def test_fp64_detector():
     ptx = "\tadd.f32 %f1, %f2, %f3;\n\tcvt.f64.f32 %fd1, %f1;\n// a comment about .f64\n"
     assert fp64_lines(ptx) == ["cvt.f64.f32 %fd1, %f1;"]
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the no-GPU path")
+def test_child_processes_detect_afresh():
+    """A notebook kernel started from a process that imported pagedkv still announces the simulator."""
+    r = run_python("import os, subprocess, sys, pagedkv; "
+                   "subprocess.run([sys.executable, '-c', 'import pagedkv'], check=True)")
+    assert r.stderr.count("numba.cuda kernels run in numba's CUDA simulator") == 2

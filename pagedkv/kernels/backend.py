@@ -20,6 +20,10 @@ import sys
 import warnings
 from dataclasses import dataclass
 
+# What pagedkv itself wrote into NUMBA_ENABLE_CUDASIM, so a child process (a notebook kernel, a
+# subprocess) inheriting it detects the GPU afresh instead of taking it for the user's choice.
+AUTO_MARKER = "PAGEDKV_CUDASIM_AUTO"
+
 
 @dataclass(frozen=True)
 class CudaMode:
@@ -73,12 +77,14 @@ def imported_cuda_is_simulator() -> bool | None:
 def configure_cuda_mode(announce: bool = True) -> CudaMode:
     """Set ``NUMBA_ENABLE_CUDASIM`` for this process (unless you did) and report the mode."""
     user_value = os.environ.get("NUMBA_ENABLE_CUDASIM")
+    if user_value is not None and os.environ.get(AUTO_MARKER) == user_value:
+        user_value = None  # pagedkv set it in a parent process; the user did not
     if user_value is not None:
         mode = CudaMode(user_value.strip() not in ("", "0"), f"you set NUMBA_ENABLE_CUDASIM={user_value}")
     else:
         has_gpu, why = detect_gpu()
         mode = CudaMode(not has_gpu, why)
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if has_gpu else "1"
+        os.environ["NUMBA_ENABLE_CUDASIM"] = os.environ[AUTO_MARKER] = "0" if has_gpu else "1"
     for name in ("numba.core.config", "numba.cuda.core.config"):  # imported already: re-read the variable
         if name in sys.modules:
             sys.modules[name].reload_config()
