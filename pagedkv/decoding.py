@@ -101,11 +101,12 @@ class SequenceOps:
         else:
             self.manager.allocate(seq_id, tokens)
 
-    def append(self, seq_id, token) -> int:
+    def append(self, seq_id, tokens) -> int:
+        """Append ``tokens`` (all or nothing); returns the number of copy-on-write copies."""
         if self.cache:
-            k = self.embed([token])
-            return len(self.cache.append(seq_id, k, -k, token_id=[token]))
-        return len(self.manager.append_slots(seq_id, [token]))
+            k = self.embed(tokens)
+            return len(self.cache.append(seq_id, k, -k, token_id=list(tokens)))
+        return len(self.manager.append_slots(seq_id, list(tokens)))
 
     def fork(self, parent, child):
         (self.cache or self.manager).fork(parent, child)
@@ -177,7 +178,7 @@ class ParallelSampler(_Decoder):
         for seq, tokens in self.tokens.items():
             logprobs = self.scorer(tokens)
             token = int(self.rng.choice(len(logprobs), p=np.exp(logprobs)))
-            cow += self.blocks.append(seq, token)
+            cow += self.blocks.append(seq, [token])
             tokens.append(token)
             self.scores[seq] += float(logprobs[token])
         return self._record(cow)
@@ -223,7 +224,7 @@ class BeamSearch(_Decoder):
                 self.blocks.fork(parent, child)
                 self.tokens[child] = list(self.tokens[parent])
             for seq, (score, token) in zip(ids, extensions):
-                cow += self.blocks.append(seq, token)
+                cow += self.blocks.append(seq, [token])
                 self.tokens[seq].append(token)
                 self.scores[seq] = score
         return self._record(cow, freed)

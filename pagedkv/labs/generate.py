@@ -52,23 +52,17 @@ def strip_solutions(source: str) -> str:
     return REGION.sub(lambda m: stub(m.group("indent"), m.group("body")), source)
 
 
-def _lines(text: str) -> list[str]:
-    """nbformat's on-disk form: a list of lines, each but the last ending in a newline."""
-    lines = text.splitlines(keepends=True)
-    return lines
-
-
 def make_exercise(notebook: dict, name: str) -> dict:
     """The exercise version of one solution notebook (a new dict; the input is not changed)."""
     cells = [{"cell_type": "markdown", "metadata": {},
-              "source": _lines(HEADER.format(number=name.split("_", 1)[0], name=name))}]
+              "source": (HEADER.format(number=name.split("_", 1)[0], name=name)).splitlines(keepends=True)}]
     for cell in notebook["cells"]:
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         new = {"cell_type": cell["cell_type"], "metadata": dict(cell.get("metadata", {}))}
         if cell["cell_type"] == "code":
             new.update(execution_count=None, outputs=[])
             source = strip_solutions(source)
-        new["source"] = _lines(source)
+        new["source"] = source.splitlines(keepends=True)  # nbformat's on-disk form: a list of lines
         cells.append(new)
     metadata = {k: v for k, v in notebook.get("metadata", {}).items() if k != "widgets"}
     return {"cells": cells, "metadata": metadata, "nbformat": notebook.get("nbformat", 4),

@@ -112,15 +112,13 @@ class BlockTableVisualizer:
         return name if self._act(f"add {name} ({prompt_len} tokens)", action) else None
 
     def append(self, seq_id, num_tokens: int = 1) -> bool:
+        tokens = [self.rng.randrange(1000, 32000) for _ in range(num_tokens)]
+
         def action():
-            self.manager.get_block_table(seq_id)  # an unknown id fails here, before anything changes
-            if not self.manager.can_append_slots(seq_id, num_tokens):
-                self.manager.append_slots(seq_id, [0] * num_tokens)  # raises the manager's own error
-            copies = 0
-            for _ in range(num_tokens):
-                copies += self.ops.append(seq_id, self.rng.randrange(1000, 32000))
-            table = self.manager.get_block_table(seq_id)
-            return table[-(1 + copies):]
+            before = self.manager.get_block_table(seq_id)
+            self.ops.append(seq_id, tokens)
+            after = self.manager.get_block_table(seq_id)
+            return [b for b in after if b not in before] or after[-1:]  # new or copied blocks, else the last
 
         return self._act(f"append {num_tokens} to {seq_id}", action)
 
