@@ -34,6 +34,8 @@ def test_every_notebook_gets_a_lab_without_outputs_and_with_todos(labs):
         notebook = json.loads(text)
         assert "widgets" not in notebook["metadata"]
         assert notebook["cells"][0]["source"][0].startswith("# Lab version of notebook")
+        ids = [c["id"] for c in notebook["cells"]]
+        assert len(ids) == len(set(ids))  # nbformat 4.5 wants unique cell ids
 
 
 def test_generation_is_idempotent(labs, tmp_path):

@@ -54,11 +54,12 @@ def strip_solutions(source: str) -> str:
 
 def make_exercise(notebook: dict, name: str) -> dict:
     """The exercise version of one solution notebook (a new dict; the input is not changed)."""
-    cells = [{"cell_type": "markdown", "metadata": {},
+    cells = [{"cell_type": "markdown", "id": "lab-header", "metadata": {},
               "source": (HEADER.format(number=name.split("_", 1)[0], name=name)).splitlines(keepends=True)}]
-    for cell in notebook["cells"]:
+    for index, cell in enumerate(notebook["cells"]):
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        new = {"cell_type": cell["cell_type"], "metadata": dict(cell.get("metadata", {}))}
+        new = {"cell_type": cell["cell_type"], "id": cell.get("id", f"cell-{index}"),  # stable ids: no churn
+               "metadata": dict(cell.get("metadata", {}))}
         if cell["cell_type"] == "code":
             new.update(execution_count=None, outputs=[])
             source = strip_solutions(source)
