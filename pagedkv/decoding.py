@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .errors import PagedKVValueError
 from .manager import BlockSpaceManager
 from .paged_cache import PagedKVCache
 from .sizing import blocks_needed
@@ -234,7 +235,7 @@ def run_decoding(mode: str, width: int, prompt, output_len: int, block_size: int
                  target=None, scorer=None) -> DecodeResult:
     """Decode ``output_len`` tokens in ``mode`` ("parallel" or "beam"); blocks are freed at the end."""
     if mode not in ("parallel", "beam"):
-        raise ValueError(f"mode must be 'parallel' or 'beam', got {mode!r}.")
+        raise PagedKVValueError(f"mode must be 'parallel' or 'beam', got {mode!r}.")
     if target is None:  # a pool big enough that nothing is ever refused
         target = BlockSpaceManager(block_size, 2 * width * blocks_needed(len(prompt) + output_len, block_size) + 8,
                                    watermark=0.0)

@@ -33,7 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .errors import NoFreeBlocksError, PagedKVValueError
-from .manager import BlockSpaceManager
+from .manager import AllocStatus, BlockSpaceManager
 from .sizing import blocks_needed
 
 POLICIES = ("reserve_max", "reserve_pow2", "oracle", "paged")
@@ -164,7 +164,7 @@ class _Paged(_Policy):
         self.synced: dict = {}  # rid -> tokens the manager knows about
 
     def admit(self, r: _Request) -> bool:
-        if self.manager.can_allocate(r.num_tokens).name != "OK":
+        if self.manager.can_allocate(r.num_tokens) is not AllocStatus.OK:
             return False
         self.manager.allocate(r.rid, [0] * r.num_tokens)
         self.synced[r.rid] = r.num_tokens

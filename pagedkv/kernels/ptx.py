@@ -15,6 +15,8 @@ import os
 import sys
 from types import SimpleNamespace
 
+from ..errors import PagedKVError
+
 
 def signatures(dtype: str) -> dict:
     """numba type signatures of the v1, v2 and reduce kernels for a cache dtype."""
@@ -37,7 +39,7 @@ def fp64_lines(ptx: str) -> list[str]:
 def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict:
     """{(flavour, dtype, kernel): ptx} for both flavours, fp16 and fp32."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        raise RuntimeError("run with NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX.")
+        raise PagedKVError("run with NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX.")
     from numba import cuda
     from numba.cuda import dispatcher
 

@@ -14,13 +14,9 @@ PASS, FAIL = "[ok]", "[not yet]"
 
 def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0) -> None:
     """Print whether ``got`` equals ``expected`` (within a relative ``tolerance`` for numbers)."""
-    _passed(name, got, expected, hint, tolerance)
-
-
-def _passed(name: str, got, expected, hint: str = "", tolerance: float = 0.0) -> bool:
     if got is None or got is Ellipsis:
         print(f"{FAIL} {name}: no answer yet - replace the ... with your answer.")
-        return False
+        return
     try:
         ok = abs(got - expected) <= tolerance * abs(expected) if tolerance else got == expected
     except TypeError:
@@ -29,7 +25,6 @@ def _passed(name: str, got, expected, hint: str = "", tolerance: float = 0.0) ->
         print(f"{PASS} {name}: {got!r} is right.")
     else:
         print(f"{FAIL} {name}: expected {expected!r}, got {got!r}." + (f" Hint: {hint}" if hint else ""))
-    return bool(ok)
 
 
 def block_bytes(answer, spec: ModelSpec | None = None, block_size: int = 16) -> None:
@@ -40,10 +35,6 @@ def block_bytes(answer, spec: ModelSpec | None = None, block_size: int = 16) -> 
 
 
 def function_cases(name: str, student_fn, reference_fn, cases) -> None:
-    _function_passes(name, student_fn, reference_fn, cases)
-
-
-def _function_passes(name: str, student_fn, reference_fn, cases) -> bool:
     """Run ``student_fn`` and ``reference_fn`` on each case; report the first difference."""
     for args in cases:
         expected = reference_fn(*args)
@@ -51,15 +42,14 @@ def _function_passes(name: str, student_fn, reference_fn, cases) -> bool:
             got = student_fn(*args)
         except NotImplementedError:
             print(f"{FAIL} {name}: not written yet (it raises NotImplementedError).")
-            return False
+            return
         except Exception as e:  # a student's bug: show it as a message, not a traceback
             print(f"{FAIL} {name}{args}: raised {type(e).__name__}: {e}")
-            return False
+            return
         if got != expected:
             print(f"{FAIL} {name}{args}: expected {expected!r}, got {got!r}.")
-            return False
+            return
     print(f"{PASS} {name}: all {len(cases)} cases right.")
-    return True
 
 
 def slot_mapping(fn) -> None:
