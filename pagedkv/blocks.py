@@ -136,7 +136,9 @@ class BlockAllocator:
         return [block.block_id for block in self.free_queue]
 
     def _block(self, block_id: int) -> KVBlock:
-        if not isinstance(block_id, Integral) or not 0 <= block_id < self.num_blocks:
+        if type(block_id) is int and 0 <= block_id < self.num_blocks:  # the common case, without ABC checks
+            return self.blocks[block_id]
+        if isinstance(block_id, bool) or not isinstance(block_id, Integral) or not 0 <= block_id < self.num_blocks:
             raise PagedKVValueError(
                 f"block id {block_id!r} is outside this pool of {self.num_blocks} blocks "
                 f"(valid ids are 0..{self.num_blocks - 1})."

@@ -27,6 +27,7 @@ from .errors import (
 from .prefix import PrefixCache, hash_block_tokens
 from .sizing import blocks_needed
 from .state import BlockState, ManagerState
+from .validate import check_int, check_token_ids
 
 DEVICES = ("gpu", "cpu")
 
@@ -119,17 +120,36 @@ class BlockSpaceManager:
         """Prompt tokens whose K/V came from the prefix cache (0 without caching)."""
         return self._get(seq_id).num_cached_tokens
 
+    def count_cached_tokens(self, token_ids) -> int:
+        """Tokens of a prompt not yet allocated whose K/V the prefix cache holds (0 without caching).
+
+        Read only: what ``num_cached_tokens`` would say after ``allocate``.  vLLM v1 calls
+        this ``get_computed_blocks`` (``vllm/v1/core/kv_cache_manager.py``).
+        """
+        return len(self._blocks_to_take(list(token_ids))[1]) * self.block_size
+
     @property
     def prefix_stats(self) -> dict | None:
         return self.prefix_cache.stats.as_dict() if self.prefix_cache else None
 
     # ------------------------------------------------------------- allocation
-    def can_allocate(self, num_tokens: int) -> AllocStatus:
-        """The scheduler's admission test, keeping ``watermark_blocks`` free for appends."""
-        needed = blocks_needed(num_tokens, self.block_size)
-        if self.num_total_gpu_blocks - needed < self.watermark_blocks:
+    def can_allocate(self, prompt) -> AllocStatus:
+        """The scheduler's admission test, keeping ``watermark_blocks`` free for appends.
+
+        ``prompt`` is a number of tokens or the token ids themselves.  Given the ids,
+        with prefix caching on, only the blocks the prompt would really take count:
+        fresh blocks, plus cached blocks that must leave the free queue.  (vLLM v0's
+        ``block_manager_v1.can_allocate`` counts every block, hits included.)
+        NEVER depends on the prompt's own size: it holds that many distinct blocks.
+        """
+        if isinstance(prompt, int) and not isinstance(prompt, bool):
+            num_tokens, taken = prompt, blocks_needed(max(prompt, 0), self.block_size)
+        else:
+            tokens = list(prompt)
+            num_tokens, taken = len(tokens), sum(self._blocks_to_take(tokens)[2:])
+        if self.num_total_gpu_blocks - blocks_needed(num_tokens, self.block_size) < self.watermark_blocks:
             return AllocStatus.NEVER
-        if self.num_free_gpu_blocks - needed >= self.watermark_blocks:
+        if self.num_free_gpu_blocks - taken >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
 
@@ -146,13 +166,10 @@ class BlockSpaceManager:
         if not tokens:
             raise EmptyPromptError(
                 f"sequence {seq_id!r} has an empty prompt; a sequence needs at least one token.")
-        hashes = self._full_block_hashes([], tokens)
-        hits = self._cached_prefix(tokens, hashes)
-        gpu = self.allocators["gpu"]
-        num_new = blocks_needed(len(tokens), self.block_size) - len(hits)
-        revived = sum(1 for b in hits if gpu.refcount(b) == 0)  # hits waiting in the free queue
+        hashes, hits, num_new, revived = self._blocks_to_take(tokens)
         self._require_free("gpu", num_new + revived, f"allocate sequence {seq_id!r} ({len(tokens)} tokens)")
 
+        gpu = self.allocators["gpu"]
         for block_id in hits:
             gpu.incref(block_id)
         table = hits + [self._allocate_gpu_block() for _ in range(num_new)]
@@ -166,7 +183,8 @@ class BlockSpaceManager:
         return list(table)
 
     def can_append_slots(self, seq_id, num_tokens: int = 1) -> bool:
-        return self._blocks_for_append(self._get(seq_id), num_tokens) <= self.num_free_gpu_blocks
+        fresh, copy = self._blocks_for_append(self._get(seq_id), check_int("num_tokens", num_tokens, minimum=0))
+        return fresh + copy <= self.num_free_gpu_blocks
 
     def append_slots(self, seq_id, token_ids) -> list[tuple[int, int]]:
         """Make room for new tokens; returns the copy-on-write copies ``(src, dst)`` to perform.
@@ -177,19 +195,18 @@ class BlockSpaceManager:
         """
         seq = self._get(seq_id)
         self._require_device(seq_id, seq, "gpu", "append to it")
-        tokens = list(token_ids)
-        needed = self._blocks_for_append(seq, len(tokens))
-        self._require_free("gpu", needed, f"append {len(tokens)} tokens to sequence {seq_id!r}")
+        tokens = check_token_ids("token_ids", token_ids, allow_empty=True)
+        fresh, copy = self._blocks_for_append(seq, len(tokens))
+        self._require_free("gpu", fresh + copy, f"append {len(tokens)} tokens to sequence {seq_id!r}")
 
         copies = []
-        if tokens and self._last_block_is_shared_partial(seq):
+        if copy:
             src = seq.block_table[-1]
             dst = self._allocate_gpu_block()
             self.allocators["gpu"].free(src)
             seq.block_table[-1] = dst
             copies.append((src, dst))
-        new_len = len(seq.token_ids) + len(tokens)
-        while len(seq.block_table) < blocks_needed(new_len, self.block_size):
+        for _ in range(fresh):
             seq.block_table.append(self._allocate_gpu_block())
         seq.token_ids.extend(tokens)
         if self.prefix_cache:
@@ -321,13 +338,14 @@ class BlockSpaceManager:
 
     def _last_block_is_shared_partial(self, seq: _Sequence) -> bool:
         partial = len(seq.token_ids) % self.block_size != 0
-        return partial and self.allocators[seq.device].refcount(seq.block_table[-1]) > 1
+        return partial and self.allocators[seq.device].blocks[seq.block_table[-1]].ref_count > 1
 
-    def _blocks_for_append(self, seq: _Sequence, num_tokens: int) -> int:
+    def _blocks_for_append(self, seq: _Sequence, num_tokens: int) -> tuple[int, int]:
+        """``(fresh blocks, copy-on-write copies)`` that appending ``num_tokens`` tokens takes."""
         if num_tokens <= 0:
-            return 0
+            return 0, 0
         fresh = blocks_needed(len(seq.token_ids) + num_tokens, self.block_size) - len(seq.block_table)
-        return fresh + int(self._last_block_is_shared_partial(seq))
+        return fresh, int(self._last_block_is_shared_partial(seq))
 
     def _allocate_gpu_block(self) -> int:
         """A fresh GPU block from the queue's head; a cached name it still carries is evicted."""
@@ -335,6 +353,17 @@ class BlockSpaceManager:
         if self.prefix_cache:
             self.prefix_cache.evict(block_id)
         return block_id
+
+    def _blocks_to_take(self, tokens: list) -> tuple[list, list[int], int, int]:
+        """``(hashes, cached hits, fresh blocks, revived hits)`` for a prompt; reads, changes nothing.
+
+        A revived hit is a cached block waiting in the free queue: reusing it takes it out.
+        """
+        hashes = self._full_block_hashes([], tokens)
+        hits = self._cached_prefix(tokens, hashes) if hashes else []
+        gpu = self.allocators["gpu"]
+        revived = sum(1 for b in hits if gpu.refcount(b) == 0)
+        return hashes, hits, blocks_needed(len(tokens), self.block_size) - len(hits), revived
 
     def _full_block_hashes(self, known: list, tokens: list) -> list:
         """Chained hashes of every full block of ``tokens``, reusing the ``known`` ones."""

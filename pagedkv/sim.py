@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .errors import NoFreeBlocksError, PagedKVValueError
-from .manager import AllocStatus, BlockSpaceManager
+from .errors import PagedKVValueError
+from .manager import BlockSpaceManager
+from .scheduler import Scheduler
 from .sizing import blocks_needed
+from .validate import check_int
 
 POLICIES = ("reserve_max", "reserve_pow2", "oracle", "paged")
 PARTS = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
@@ -91,187 +93,166 @@ class FirstFit:
 
 
 @dataclass
-class _Request:
-    rid: int
-    prompt_len: int
-    output_len: int
-    generated: int = 0
-    start: int = -1  # contiguous policies: first slot of the reserved chunk
-    chunk: int = 0  # contiguous policies: reserved slots
-    admitted_at: int = 0
-
-    @property
-    def final_len(self) -> int:
-        return self.prompt_len + self.output_len
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.generated
-
-
-@dataclass
 class SimResult:
     policy: str
     workload: str
     budget_tokens: int
     breakdown: dict  # time-averaged fractions while saturated, keyed by PARTS
     peak: dict  # the step with the most token states: its fractions
-    mean_running: float  # requests decoding at once, averaged while saturated
-    finished_per_1000_steps: float
-    steps: int
+    mean_running: float  # requests decoding at once, time-averaged while saturated
+    finished_per_1000_steps: float  # requests finished per 1,000 decode-step times, while saturated
+    steps: int  # scheduler steps
     preemptions: int = 0
+    recomputed_tokens: int = 0  # tokens prefilled again after a recompute preemption
+    swapped_blocks: int = 0  # blocks copied out to the CPU pool by swap preemptions
+    time: float = 0.0  # the run's length in decode-step times (CostModel)
     history: list = field(default_factory=list)  # per-step (step, running, token_states fraction)
 
 
-class _Policy:
-    def __init__(self, budget: int, max_len: int):
-        self.budget, self.max_len = budget, max_len
+@dataclass(frozen=True)
+class CostModel:
+    """How long a step takes, in units of one decode step: a stated, rough model.
+
+    A decode step of a batch costs 1 (it is memory-bound: every weight is read once).
+    Prefill is compute-bound and far cheaper per token: on OPT-13B on an A100 about
+    ``prefill_tokens_per_step`` prompt tokens cost as much as one decode step, so a
+    step that prefills ``n`` tokens lasts ``1 + n / prefill_tokens_per_step``.  That is
+    what a recompute preemption costs: its tokens are prefilled again.  A swap moves
+    the victim's blocks over PCIe: ``swap_tokens_per_step`` tokens (out or in) cost one step.
+    """
+
+    prefill_tokens_per_step: float = 256.0
+    swap_tokens_per_step: float = 1024.0
+
+    def step_time(self, prefill_tokens: int = 0, swapped_tokens: int = 0) -> float:
+        return 1.0 + prefill_tokens / self.prefill_tokens_per_step + swapped_tokens / self.swap_tokens_per_step
 
 
-class _Contiguous(_Policy):
-    def __init__(self, budget, max_len, chunk_of):
-        super().__init__(budget, max_len)
-        self.space, self.chunk_of = FirstFit(budget), chunk_of
+@dataclass
+class _Step:
+    """What one serving step looks like to the meter."""
 
-    def admit(self, r: _Request) -> bool:
-        chunk = min(self.chunk_of(r), self.max_len)
-        start = self.space.allocate(chunk)
-        if start is None:
-            return False
-        r.start, r.chunk = start, chunk
-        return True
+    saturated: bool  # requests were waiting (or swapped out) during this step
+    running: int
+    parts: tuple  # slots holding (token states, reservation, never used) over the running requests
+    time: float  # the step's duration in decode-step times
+    finished: int
 
-    def grow(self, r: _Request) -> bool:
-        return True  # the chunk already covers every token the request will produce
 
-    def release(self, r: _Request) -> None:
-        self.space.free(r.start, r.chunk)
+def _serve_contiguous(pairs, budget: int, max_len: int, chunk_of, cost: CostModel):
+    """Orca-style serving: a request holds one contiguous chunk from admission to its end. Yields _Step."""
+    space = FirstFit(budget)
+    waiting = deque(pairs)
+    running = []  # [start, chunk, prompt_len, output_len, generated]
+    while waiting or running:
+        prefill_tokens = 0
+        while waiting:  # first come, first served: no overtaking
+            prompt_len, output_len = waiting[0]
+            chunk = min(chunk_of(prompt_len + output_len), max_len)
+            start = space.allocate(chunk)
+            if start is None:
+                break
+            waiting.popleft()
+            running.append([start, chunk, prompt_len, output_len, 0])
+            prefill_tokens += prompt_len
+        for r in running:
+            r[4] += 1  # every running request produces a token
+        tokens = sum(r[2] + r[4] for r in running)
+        future = sum(r[3] - r[4] for r in running)
+        never = sum(r[1] - r[2] - r[3] for r in running)
+        done = [r for r in running if r[4] == r[3]]
+        for r in done:
+            space.free(r[0], r[1])
+            running.remove(r)
+        yield _Step(bool(waiting), len(running) + len(done), (tokens, future, never),
+                    cost.step_time(prefill_tokens), len(done))
 
-    def parts(self, running) -> tuple:
+
+def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostModel, preemption_mode: str,
+                 watermark: float, stats: dict):
+    """vLLM-style serving: pagedkv's Scheduler over a BlockSpaceManager, one step at a time. Yields _Step."""
+    manager = BlockSpaceManager(block_size, budget // block_size, num_cpu_blocks=budget // block_size,
+                                watermark=watermark)
+    max_num_seqs = max(1, manager.num_total_gpu_blocks)  # no cap: each running request holds a block
+    scheduler = Scheduler(manager, max_num_seqs, max_num_batched_tokens=max(max_len, max_num_seqs),
+                          preemption_mode=preemption_mode)
+    final_len = {}
+    for rid, (prompt_len, output_len) in enumerate(pairs):
+        scheduler.add_request(rid, [0] * prompt_len, output_len)
+        final_len[rid] = prompt_len + output_len
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        if out.ignored:
+            raise PagedKVValueError(f"requests {out.ignored} can never fit in {budget} token slots; give the "
+                                    "simulator a bigger budget_tokens or shorter requests.")
+        running = [scheduler.requests[rid] for rid in scheduler.running]
         tokens = sum(r.num_tokens for r in running)
-        future = sum(r.final_len - r.num_tokens for r in running)
-        never = sum(r.chunk - r.final_len for r in running)
-        return tokens, future, never
-
-
-class _Paged(_Policy):
-    """Blocks from BlockSpaceManager; the manager is synced whenever a request needs a new block."""
-
-    def __init__(self, budget, max_len, block_size):
-        super().__init__(budget, max_len)
-        self.block_size = block_size
-        self.manager = BlockSpaceManager(block_size, budget // block_size, watermark=0.01)
-        self.synced: dict = {}  # rid -> tokens the manager knows about
-
-    def admit(self, r: _Request) -> bool:
-        if self.manager.can_allocate(r.num_tokens) is not AllocStatus.OK:
-            return False
-        self.manager.allocate(r.rid, [0] * r.num_tokens)
-        self.synced[r.rid] = r.num_tokens
-        return True
-
-    def grow(self, r: _Request) -> bool:
-        """Room for the request's newest token; False if no block is free (the caller preempts)."""
-        capacity = blocks_needed(self.synced[r.rid], self.block_size) * self.block_size
-        if r.num_tokens <= capacity:
-            return True  # still inside the last block: nothing to ask the manager
-        try:
-            self.manager.append_slots(r.rid, [0] * (r.num_tokens - self.synced[r.rid]))
-        except NoFreeBlocksError:
-            return False
-        self.synced[r.rid] = r.num_tokens
-        return True
-
-    def release(self, r: _Request) -> None:
-        self.manager.free(r.rid)
-        del self.synced[r.rid]
-
-    def parts(self, running) -> tuple:
-        tokens = sum(r.num_tokens for r in running)
-        used_slots = (self.manager.num_total_gpu_blocks - self.manager.num_free_gpu_blocks) * self.block_size
-        unused = used_slots - tokens  # empty slots in last blocks; part will be filled, part never
-        future = sum(min(r.final_len, blocks_needed(r.num_tokens, self.block_size) * self.block_size) - r.num_tokens
+        used = (manager.num_total_gpu_blocks - manager.num_free_gpu_blocks) * block_size
+        future = sum(min(final_len[r.request_id], -(-r.num_tokens // block_size) * block_size) - r.num_tokens
                      for r in running)
-        return tokens, future, unused - future
-
-
-def _make_policy(policy: str, budget: int, max_len: int, block_size: int) -> _Policy:
-    if policy == "reserve_max":
-        return _Contiguous(budget, max_len, lambda r: max_len)
-    if policy == "reserve_pow2":
-        return _Contiguous(budget, max_len, lambda r: 1 << (r.final_len - 1).bit_length())
-    if policy == "oracle":
-        return _Contiguous(budget, max_len, lambda r: r.final_len)
-    if policy == "paged":
-        return _Paged(budget, max_len, block_size)
-    raise PagedKVValueError(f"unknown policy {policy!r}; use one of {POLICIES}.")
+        prefill_tokens = out.num_batched_tokens - len(out.decodes)
+        swapped_tokens = (len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)) * block_size
+        saturated = len(scheduler.requests) > len(running)  # someone is waiting or swapped out
+        finished = len(scheduler.update(out, dict.fromkeys(out.scheduled, 0)))
+        stats.update(preemptions=scheduler.num_preemptions, recomputed_tokens=scheduler.num_recomputed_tokens,
+                     swapped_blocks=scheduler.num_swapped_blocks)
+        yield _Step(saturated, len(running), (tokens, future, used - tokens - future),
+                    cost.step_time(prefill_tokens, swapped_tokens), finished)
 
 
 def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requests: int = 1000,
              budget_tokens: int = PAPER_BUDGET_TOKENS, block_size: int = 16, max_len: int = 2048,
-             lengths=None, progress: bool | None = None, record_history: bool = False) -> SimResult:
-    """Run the serving loop until every request is done; measure while requests are waiting."""
+             lengths=None, progress: bool | None = None, record_history: bool = False,
+             preemption_mode: str = "recompute", watermark: float = 0.01, cost: CostModel = CostModel()) -> SimResult:
+    """Serve every request; measure memory while requests are waiting, weighting each step by its duration."""
+    if policy not in POLICIES:
+        raise PagedKVValueError(f"unknown policy {policy!r}; use one of {POLICIES}.")
+    for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_len", max_len),
+                        ("num_requests", num_requests)):
+        check_int(name, value, minimum=1)
     pairs = list(lengths) if lengths is not None else synthetic_lengths(workload, num_requests, seed, max_len)
-    if any(p < 1 or o < 0 or p + o > max_len for p, o in pairs):
-        raise PagedKVValueError(f"every request needs prompt_len >= 1 and prompt_len + output_len <= max_len "
-                                f"({max_len}).")
+    if any(p < 1 or o < 1 or p + o > max_len for p, o in pairs):
+        raise PagedKVValueError(f"every request needs prompt_len >= 1, output_len >= 1 and prompt_len + output_len "
+                                f"<= max_len ({max_len}).")
     if max_len > budget_tokens:
         raise PagedKVValueError(f"budget_tokens ({budget_tokens}) must hold at least one max_len ({max_len}) "
                                 "request.")
-    mem = _make_policy(policy, budget_tokens, max_len, block_size)
-    waiting = deque(_Request(i, p, o) for i, (p, o) in enumerate(pairs))
-    running: list[_Request] = []
+    stats = {}
+    if policy == "paged":
+        steps = _serve_paged(pairs, budget_tokens, max_len, block_size, cost, preemption_mode, watermark, stats)
+    else:
+        chunk_of = {"reserve_max": lambda n: max_len, "reserve_pow2": lambda n: 1 << (n - 1).bit_length(),
+                    "oracle": lambda n: n}[policy]
+        steps = _serve_contiguous(pairs, budget_tokens, max_len, chunk_of, cost)
+
     sums = dict.fromkeys(PARTS, 0.0)
-    peak, saturated_steps, running_sum, finished, preemptions, step = None, 0, 0, 0, 0, 0
-    finished_while_saturated, history = 0, []
-    bar = tqdm(total=len(pairs), desc=f"{policy} on {workload}", delay=1.0, disable=progress is False,
-               leave=False)
-    while waiting or running:
-        while waiting and mem.admit(waiting[0]):  # first come, first served: no overtaking
-            r = waiting.popleft()
-            r.admitted_at = step
-            running.append(r)
-        saturated = bool(waiting)
-        preempted = set()
-        for r in list(running):  # one decode step: each running request produces a token
-            if r.generated == r.output_len or r.rid in preempted:
-                continue
-            r.generated += 1
-            while not mem.grow(r):  # paged only: evict the newest request, it will be recomputed
-                victim = max(running, key=lambda x: x.admitted_at)
-                mem.release(victim)
-                running.remove(victim)
-                victim.prompt_len, victim.output_len = victim.num_tokens, victim.output_len - victim.generated
-                victim.generated = 0
-                waiting.appendleft(victim)
-                preempted.add(victim.rid)
-                preemptions += 1
-                if victim is r:
-                    break
-        if saturated:
-            tokens, future, never = mem.parts(running)
-            fractions = (tokens / mem.budget, future / mem.budget, never / mem.budget)
-            fractions += (1 - sum(fractions),)
+    peak, saturated_time, running_time, finished_while_saturated, total_time = None, 0.0, 0.0, 0, 0.0
+    history, num_steps = [], 0
+    bar = tqdm(total=len(pairs), desc=f"{policy} on {workload}", delay=1.0, disable=progress is False, leave=False)
+    for step in steps:
+        fractions = tuple(part / budget_tokens for part in step.parts)
+        fractions += (1 - sum(fractions),)  # the rest is free: external fragmentation while anyone waits
+        if step.saturated:
             for part, value in zip(PARTS, fractions):
-                sums[part] += value
+                sums[part] += value * step.time
             if peak is None or fractions[0] > peak[PARTS[0]]:
                 peak = dict(zip(PARTS, fractions))
-            saturated_steps += 1
-            running_sum += len(running)
+            saturated_time += step.time
+            running_time += step.running * step.time
+            finished_while_saturated += step.finished
         if record_history:
-            history.append((step, len(running), mem.parts(running)[0] / mem.budget))
-        for r in [r for r in running if r.generated == r.output_len]:
-            mem.release(r)
-            running.remove(r)
-            finished += 1
-            finished_while_saturated += saturated
-            bar.update()
-        step += 1
+            history.append((num_steps, step.running, fractions[0]))
+        total_time += step.time
+        num_steps += 1
+        bar.update(step.finished)
     bar.close()
-    n = max(saturated_steps, 1)
+    if saturated_time == 0:
+        raise PagedKVValueError(f"the server was never saturated (every request fit at once), so there is no "
+                                f"waste to measure; use more requests or a smaller budget_tokens ({budget_tokens}).")
     return SimResult(policy, workload if lengths is None else "custom", budget_tokens,
-                     {part: sums[part] / n for part in PARTS}, peak or dict.fromkeys(PARTS, 0.0),
-                     running_sum / n, 1000 * finished_while_saturated / n, step, preemptions, history)
+                     {part: sums[part] / saturated_time for part in PARTS}, peak, running_time / saturated_time,
+                     1000 * finished_while_saturated / saturated_time, num_steps, stats.get("preemptions", 0),
+                     stats.get("recomputed_tokens", 0), stats.get("swapped_blocks", 0), total_time, history)
 
 
 def memory_breakdown(policy: str, workload: str = "sharegpt", seed: int = 0, **kwargs) -> dict:

@@ -39,10 +39,28 @@ def test_workload_lengths_match_the_datasets():
 
 
 def test_custom_lengths_and_every_request_finishes():
-    r = simulate("oracle", lengths=[(10, 5)] * 50, budget_tokens=4096, max_len=2048, progress=False)
+    r = simulate("oracle", lengths=[(10, 5)] * 50, budget_tokens=256, max_len=128, progress=False)
     assert r.workload == "custom" and r.steps > 0
     r = simulate("paged", lengths=[(1000, 1000)] * 6, budget_tokens=4096, progress=False)
     assert r.preemptions > 0  # growing sequences outrun the blocks: the newest is preempted and recomputed
+    assert r.recomputed_tokens > 1000  # and their tokens are prefilled again, which costs time
+    assert r.time > r.steps
+
+
+def test_recompute_costs_time_and_swap_moves_blocks():
+    recompute = simulate("paged", lengths=[(200, 600)] * 12, budget_tokens=4096, progress=False)
+    swap = simulate("paged", lengths=[(200, 600)] * 12, budget_tokens=4096, progress=False, preemption_mode="swap")
+    assert recompute.preemptions > 0 and recompute.recomputed_tokens > 0 and recompute.swapped_blocks == 0
+    assert swap.preemptions > 0 and swap.recomputed_tokens == 0 and swap.swapped_blocks > 0
+
+
+def test_requests_that_never_fit_raise_instead_of_spinning():
+    with pytest.raises(ValueError, match="never fit"):
+        memory_breakdown("paged", budget_tokens=2048, max_len=2048, lengths=[(2040, 8)], progress=False)
+    with pytest.raises(ValueError, match="never fit"):
+        memory_breakdown("paged", budget_tokens=4096, block_size=8192, num_requests=5, progress=False)
+    with pytest.raises(ValueError, match="never saturated"):
+        memory_breakdown("oracle", lengths=[(10, 5)] * 3, budget_tokens=4096, progress=False)
 
 
 def test_bad_input():

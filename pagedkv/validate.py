@@ -1,0 +1,56 @@
+"""Argument checks shared by every public entry point: one place, one wording.
+
+Each check names the argument, shows the value and says what to pass instead,
+and raises a :class:`PagedKVValueError` (also a ``ValueError``) *before* the
+caller changes any state.  Token ids are Python ints or numpy/torch integer
+scalars that fit in int64; sizes are ints, never bools.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+from .errors import EmptyPromptError, PagedKVValueError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_int(name: str, value, minimum: int | None = None) -> int:
+    """``value`` as an int; bools, floats and strings are refused (``True`` is not a size)."""
+    if type(value) is int and (minimum is None or value >= minimum):  # the common case, without ABC checks
+        return value
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise PagedKVValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise PagedKVValueError(f"{name} must be >= {minimum}, got {value}.")
+    return value
+
+
+def check_token_ids(name: str, token_ids, allow_empty: bool = False) -> list[int]:
+    """A list of int token ids from any iterable of integer scalars (not a string, not nested)."""
+    if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
+        raise PagedKVValueError(f"{name} must be a list of integer token ids, got {token_ids!r}.")
+    tokens = list(token_ids)
+    if not tokens:
+        if allow_empty:
+            return tokens
+        raise EmptyPromptError(f"{name} is empty; a request needs at least one token.")
+    if all(type(t) is int for t in tokens) and INT64_MIN <= min(tokens) and max(tokens) <= INT64_MAX:
+        return tokens  # the common case, checked without a Python loop per token
+    items, tokens = tokens, []
+    for i, token in enumerate(items):
+        if hasattr(token, "item") and getattr(token, "ndim", 0) == 0:
+            token = token.item()  # a numpy or torch scalar
+        if isinstance(token, bool) or not isinstance(token, Integral) or not INT64_MIN <= token <= INT64_MAX:
+            raise PagedKVValueError(f"{name}[{i}] is {token!r}: token ids must be integers that fit in int64 "
+                                    "(tokenize text first; pass a flat list of ints).")
+        tokens.append(int(token))
+    return tokens
+
+
+def check_hashable(name: str, value) -> None:
+    try:
+        hash(value)
+    except TypeError:
+        raise PagedKVValueError(f"{name} must be hashable (a str or an int, say), got {value!r}.") from None
