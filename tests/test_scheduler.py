@@ -5,10 +5,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from invariants import check_manager_invariants
 from pagedkv import BlockSpaceManager, PagedKVError
 from pagedkv.manager import AllocStatus
 from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
+
+from invariants import check_manager_invariants
 
 
 def make(num_gpu_blocks=8, block_size=4, num_cpu_blocks=8, watermark=0.0, caching=False, max_num_seqs=8,
