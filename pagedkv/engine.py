@@ -1,0 +1,197 @@
+"""Layer 12 — ``LLMEngine``: a scheduler, a model and a paged KV cache for every layer, one step at a time.
+
+vLLM splits this between ``vllm/engine/llm_engine.py`` (``step``),
+``vllm/worker/model_runner.py`` (the flat batch and its attention metadata) and
+``vllm/worker/cache_engine.py`` (the per-layer K/V tensors); nano-vllm between
+``engine/llm_engine.py`` and ``engine/model_runner.py``.  One step:
+
+    schedule  ->  move blocks (swap out, swap in, copy-on-write)  ->  run the model  ->  sample  ->  update
+
+The model sees one flat batch of new tokens (each prefill's uncached tokens,
+one token per decode) with their positions, and a :class:`PagedKVStore` that
+its attention layers call: it writes the new K/V through the slot mapping,
+then attends causally over a prefill's blocks, or runs ``paged_attention`` for
+the decodes.  Every layer has its own K/V tensors; all share the one block
+table per request, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .cache import CacheEngine
+from .errors import PagedKVValueError
+from .kernels import gather_kv, paged_attention
+from .kernels.validate import BACKENDS
+from .manager import BlockSpaceManager
+from .model import LlamaForCausalLM, causal_attention
+from .scheduler import Scheduler, SchedulerOutputs
+from .validate import check_int
+
+
+@dataclass
+class EngineStats:
+    num_preemptions: int = 0  # recompute and swap alike
+    num_prefix_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    peak_gpu_blocks: int = 0  # the most GPU blocks in use after any step's scheduling
+    steps: int = 0
+    num_computed_tokens: int = 0  # tokens the model ran on (prefill and decode)
+
+
+@dataclass
+class _Prefill:
+    rows: slice  # this request's rows in the flat batch
+    block_table: torch.Tensor
+    context_len: int  # tokens it attends over once this step's are written
+    num_past: int  # tokens before its first new one
+
+
+@dataclass
+class PagedKVStore:
+    """What ``LlamaAttention`` calls in a paged step: ``attend(layer, q, k, v)`` for the flat batch."""
+
+    caches: list  # one CacheEngine per layer
+    slot_mapping: torch.Tensor  # where each new token's K/V goes (-1: already in the prefix cache)
+    prefills: list  # one _Prefill per prefilling request
+    decode_rows: slice  # the decodes' rows, one each, at the end of the batch
+    block_tables: torch.Tensor  # the decodes', int32, padded
+    seq_lens: torch.Tensor  # the decodes', int32
+    backend: str
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cache = self.caches[layer]
+        cache.write(self.slot_mapping, k, v)  # vLLM: reshape_and_cache
+        out = torch.empty_like(q)
+        for p in self.prefills:  # the cached prefix blocks + the tokens just written, causally
+            keys, values = gather_kv(cache.key_cache, cache.value_cache, p.block_table, p.context_len)
+            out[p.rows] = causal_attention(q[p.rows], keys, values, p.num_past)
+        if self.decode_rows.stop > self.decode_rows.start:  # one query each, over its pages, in place
+            out[self.decode_rows] = paged_attention(q[self.decode_rows], cache.key_cache, cache.value_cache,
+                                                    self.block_tables, self.seq_lens, backend=self.backend)
+        return out
+
+
+class LLMEngine:
+    """Serve many requests at once through one paged KV cache; greedy decoding."""
+
+    def __init__(self, model: LlamaForCausalLM, *, num_gpu_blocks: int, block_size: int = 16,
+                 num_cpu_blocks: int = 0, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 preemption_mode="recompute", enable_prefix_caching: bool = False, watermark: float = 0.01,
+                 backend: str = "auto"):
+        if not isinstance(model, LlamaForCausalLM):
+            raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
+                                    "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
+        if backend not in BACKENDS:
+            raise PagedKVValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+        config = model.config
+        self.model = model.eval()
+        self.backend = backend
+        self.block_manager = BlockSpaceManager(check_int("block_size", block_size, minimum=1),
+                                               check_int("num_gpu_blocks", num_gpu_blocks, minimum=1),
+                                               check_int("num_cpu_blocks", num_cpu_blocks, minimum=0),
+                                               watermark, enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, preemption_mode)
+        dtype = next(model.parameters()).dtype
+        self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
+                                   num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
+        self.stats = EngineStats()
+        self._num_generated = 0
+
+    # ------------------------------------------------------------ requests
+    def add_request(self, request_id, prompt_token_ids, max_tokens: int) -> None:
+        self.scheduler.add_request(request_id, self.model.check_token_ids("prompt_token_ids", prompt_token_ids),
+                                   max_tokens)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Greedy continuations of every prompt, in order; equal to ``generate_dense`` for each prompt alone."""
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
+            raise PagedKVValueError("prompts must be a list of token-id lists, e.g. [tokenizer.encode('The ')].")
+        prompts = [self.model.check_token_ids(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
+        check_int("max_tokens", max_tokens, minimum=1)  # everything checked before any request is added
+        request_ids = []
+        for prompt in prompts:
+            request_ids.append(("generate", self._num_generated))
+            self._num_generated += 1
+            self.scheduler.add_request(request_ids[-1], prompt, max_tokens)
+        while any(r in self.scheduler.requests for r in request_ids):
+            self.step()
+        return [self.scheduler.finished.pop(r) for r in request_ids]
+
+    # ------------------------------------------------------------ one step
+    def step(self) -> SchedulerOutputs:
+        """Schedule, move blocks, run the model on the batch, sample greedily, update the scheduler."""
+        out = self.scheduler.schedule()
+        self._count(out)
+        self._move_blocks(out)
+        next_tokens = self._run_model(out) if not out.is_empty else {}
+        self.scheduler.update(out, next_tokens)
+        return out
+
+    def _move_blocks(self, out: SchedulerOutputs) -> None:
+        """The copies the scheduler asked for, before the model writes anything (vLLM: ``cache_engine``)."""
+        for cache in self.caches:
+            cache.swap("gpu", "cpu", out.blocks_to_swap_out)
+            cache.swap("cpu", "gpu", out.blocks_to_swap_in)
+            cache.copy_blocks(out.blocks_to_copy)
+
+    @torch.inference_mode()
+    def _run_model(self, out: SchedulerOutputs) -> dict:
+        manager, block_size = self.block_manager, self.block_manager.block_size
+        input_ids, positions, slots, last_rows, prefills = [], [], [], [], []
+
+        def slot(table, pos):
+            return table[pos // block_size] * block_size + pos % block_size
+
+        for request_id, tokens in out.prefills:
+            num_cached = manager.num_cached_tokens(request_id)
+            start = min(num_cached, len(tokens) - 1)  # a fully cached prompt still runs its last token
+            table = manager.get_block_table(request_id)
+            rows = slice(len(input_ids), len(input_ids) + len(tokens) - start)
+            input_ids += tokens[start:]
+            positions += range(start, len(tokens))
+            slots += [slot(table, p) if p >= num_cached else -1 for p in range(start, len(tokens))]
+            prefills.append(_Prefill(rows, torch.tensor(table, dtype=torch.int32), len(tokens), start))
+            last_rows.append(rows.stop - 1)
+        decode_start = len(input_ids)
+        tables, seq_lens = [], []
+        for request_id in out.decodes:
+            table, num_tokens = manager.get_block_table(request_id), manager.get_num_tokens(request_id)
+            input_ids.append(self.scheduler.requests[request_id].output_token_ids[-1])
+            positions.append(num_tokens - 1)
+            slots.append(slot(table, num_tokens - 1))
+            tables.append(table)
+            seq_lens.append(num_tokens)
+            last_rows.append(len(input_ids) - 1)
+        store = PagedKVStore(self.caches, torch.tensor(slots), prefills, slice(decode_start, len(input_ids)),
+                             _pad(tables), torch.tensor(seq_lens, dtype=torch.int32), self.backend)
+        logits = self.model(torch.tensor(input_ids), torch.tensor(positions), store)
+        self.stats.num_computed_tokens += len(input_ids)
+        sampled = logits[last_rows].argmax(dim=-1).tolist()  # greedy
+        return dict(zip(out.scheduled, sampled))
+
+    def _count(self, out: SchedulerOutputs) -> None:
+        """Statistics of a step just scheduled: blocks in use now, prefix hits of its prefills."""
+        manager = self.block_manager
+        self.stats.steps += 1
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        self.stats.num_prefix_cached_tokens += sum(manager.num_cached_tokens(r) for r, _ in out.prefills)
+        in_use = manager.num_total_gpu_blocks - manager.num_free_gpu_blocks
+        self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, in_use)
+
+    def __repr__(self) -> str:
+        return (f"LLMEngine(num_gpu_blocks={self.block_manager.num_total_gpu_blocks}, "
+                f"block_size={self.block_manager.block_size}, {self.scheduler!r})")
+
+
+def _pad(tables: list[list[int]]) -> torch.Tensor:
+    """Block tables as one int32 tensor, padded with 0 (entries past seq_len are never read)."""
+    width = max((len(t) for t in tables), default=1)
+    padded = torch.zeros((len(tables), width), dtype=torch.int32)
+    for row, table in enumerate(tables):
+        padded[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
+    return padded

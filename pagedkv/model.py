@@ -1,0 +1,325 @@
+"""Layer 11 — a small Llama, in one file, whose attention can read and write a paged KV cache.
+
+Read it next to Hugging Face's ``transformers/models/llama/modeling_llama.py`` and
+vLLM's ``vllm/model_executor/models/llama.py``: the parts have their names
+(``LlamaAttention``, ``LlamaMLP``, ``LlamaDecoderLayer``, ``LlamaModel``,
+``LlamaForCausalLM``) and the ``state_dict`` has Hugging Face's keys, so a
+``transformers.LlamaForCausalLM`` state dict loads as is.
+
+As in vLLM, the model works on a flat list of tokens with a position each, and
+the KV cache enters in exactly one place: ``LlamaAttention`` hands its new
+``q, k, v`` to a *KV store* (``kv.attend(layer, q, k, v)``), which stores k and v
+and attends over everything stored before.  :class:`ContiguousKVCache` is the
+dense reference (one growing tensor per layer); the paged store lives in
+``pagedkv.engine``.  Without a store, attention is plain causal attention (training).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import PagedKVValueError, ShapeError
+from .validate import check_int, check_token_ids
+
+TINY_DIR = Path(__file__).parent / "data" / "tiny_llama"
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The model's shape, with Hugging Face's names (``config.json``)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings"):
+            check_int(name, getattr(self, name), minimum=1)
+        if self.hidden_size % self.num_attention_heads:
+            raise PagedKVValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                                    f"({self.num_attention_heads}): each head gets hidden_size / heads dimensions.")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise PagedKVValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                                    f"num_key_value_heads ({self.num_key_value_heads}): each KV head serves a group "
+                                    "of query heads (GQA).")
+        if not (self.rope_theta > 0 and self.rms_norm_eps > 0):
+            raise PagedKVValueError("rope_theta and rms_norm_eps must be positive numbers.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_hf_dict(self) -> dict:
+        """``config.json`` as Hugging Face writes it, so ``transformers`` can read it too."""
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **asdict(self),
+                "head_dim": self.head_dim, "tie_word_embeddings": False,
+                "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"}}
+
+    @classmethod
+    def from_hf_dict(cls, config: dict) -> LlamaConfig:
+        if config.get("model_type") != "llama" and "LlamaForCausalLM" not in config.get("architectures", []):
+            raise PagedKVValueError(f"config.json describes a {config.get('model_type')!r} model "
+                                    f"({config.get('architectures')}); pagedkv loads Llama models only.")
+        unsupported = [k for k in ("rope_scaling", "attention_bias", "mlp_bias") if config.get(k)]
+        if config.get("tie_word_embeddings"):
+            unsupported.append("tie_word_embeddings")
+        if config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]) * \
+                config["num_attention_heads"] != config["hidden_size"]:
+            unsupported.append("head_dim")
+        if unsupported:
+            raise PagedKVValueError(f"this Llama uses {unsupported}, which pagedkv's small Llama does not implement.")
+        rope = config.get("rope_parameters") or {}
+        fields = {k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                         "num_attention_heads", "max_position_embeddings")}
+        return cls(**fields, num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
+                   rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                   rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)))
+
+
+# ---------------------------------------------------------------- small parts
+class LlamaRMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 (as Hugging Face does)."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding angles for each position: ``[..., head_dim]`` cos and sin (HF's layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = positions.float()[..., None] * inv_freq  # [..., head_dim / 2]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x_i, x_{i + d/2}) by its position's angle. ``x [..., heads, head_dim]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos[..., None, :] + rotated * sin[..., None, :]).to(x.dtype)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_past: int = 0) -> torch.Tensor:
+    """Softmax attention of ``T`` new queries over ``num_past + T`` keys, causally, in float32.
+
+    ``q [T, heads, head_dim]``, ``k, v [num_past + T, kv_heads, head_dim]``; query ``i`` (at position
+    ``num_past + i``) sees keys ``0 .. num_past + i``.  GQA: query head h reads KV head ``h // group``.
+    """
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) / math.sqrt(q.shape[-1])
+    future = torch.arange(k.shape[0])[None, :] > num_past + torch.arange(q.shape[0])[:, None]
+    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+
+
+class ContiguousKVCache:
+    """The dense reference KV store: every layer's past K and V in one contiguous tensor per sequence.
+
+    This is what paging replaces: simple, but it must hold (or reserve) a sequence's whole length.
+    """
+
+    def __init__(self):
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def num_tokens(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        num_past = self.keys[layer].shape[0] if layer in self.keys else 0
+        self.keys[layer] = torch.cat([self.keys[layer], k]) if num_past else k
+        self.values[layer] = torch.cat([self.values[layer], v]) if num_past else v
+        return causal_attention(q, self.keys[layer], self.values[layer], num_past)
+
+
+# -------------------------------------------------------------------- layers
+class LlamaAttention(nn.Module):
+    """Grouped-query self-attention with rotary positions; the KV store is the only stateful part."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv=None) -> torch.Tensor:
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is None:  # training and plain forward passes: [batch, T, heads, head_dim], no cache
+            out = F.scaled_dot_product_attention(q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3),
+                                                 is_causal=True, enable_gqa=True).transpose(-2, -3)
+        else:
+            out = kv.attend(self.layer_idx, q, k, v)  # <- the KV cache: contiguous or paged
+        return self.o_proj(out.flatten(-2))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, kv)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder and its language-model head: token ids in, next-token logits out."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
+        """Logits for every token. Without ``kv``: ``input_ids [T]`` or ``[batch, T]``, causal, no cache.
+
+        With a KV store: ``input_ids [N]``, the new tokens of one step, at ``positions [N]``.
+        """
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1]).expand(input_ids.shape)
+        return self.lm_head(self.model(input_ids, positions, kv))
+
+    def check_token_ids(self, name: str, token_ids) -> list[int]:
+        """Token ids as ints, each inside the vocabulary."""
+        tokens = check_token_ids(name, token_ids)
+        bad = [t for t in tokens if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise PagedKVValueError(f"{name} has ids {bad[:5]} outside the vocabulary "
+                                    f"(0..{self.config.vocab_size - 1}); encode text with this model's tokenizer.")
+        return tokens
+
+    def save_pretrained(self, directory) -> None:
+        """Write ``config.json`` and ``model.safetensors``, as Hugging Face does."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(directory / "model.safetensors"))
+
+    @classmethod
+    def from_pretrained(cls, directory) -> LlamaForCausalLM:
+        """Read a local Hugging Face directory (``config.json`` + ``model.safetensors``). Never downloads."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        missing = [name for name in ("config.json", "model.safetensors") if not (directory / name).is_file()]
+        if missing:
+            raise PagedKVValueError(f"{directory} has no {' or '.join(missing)}; pass a local folder written by "
+                                    "save_pretrained (pagedkv never downloads weights).")
+        try:
+            config = LlamaConfig.from_hf_dict(json.loads((directory / "config.json").read_text()))
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise PagedKVValueError(f"{directory / 'config.json'} is not a Llama config ({error}).") from None
+        model = cls(config)
+        state = load_file(str(directory / "model.safetensors"))
+        expected = model.state_dict()
+        wrong = sorted(set(expected) ^ set(state)) + [k for k in expected if k in state
+                                                       and state[k].shape != expected[k].shape]
+        if wrong:
+            raise ShapeError(f"model.safetensors does not match config.json: keys or shapes differ at {wrong[:4]}.")
+        model.load_state_dict(state)
+        return model.eval()
+
+
+# ---------------------------------------------------------- dense decoding
+@torch.inference_mode()
+def generate_dense(model: LlamaForCausalLM, prompt_token_ids, max_tokens: int) -> list[int]:
+    """Greedy decoding with a contiguous KV cache: the reference every paged run must equal."""
+    tokens = model.check_token_ids("prompt_token_ids", prompt_token_ids)
+    max_tokens = check_int("max_tokens", max_tokens, minimum=1)
+    kv = ContiguousKVCache()
+    logits = model(torch.tensor(tokens), torch.arange(len(tokens)), kv)  # prefill: the whole prompt
+    generated = [int(logits[-1].argmax())]
+    while len(generated) < max_tokens:  # decode: one token at a time, attending over the cache
+        position = len(tokens) + len(generated) - 1
+        logits = model(torch.tensor(generated[-1:]), torch.tensor([position]), kv)
+        generated.append(int(logits[-1].argmax()))
+    return generated
+
+
+# ------------------------------------------------------- the shipped model
+class ByteTokenizer:
+    """UTF-8 bytes are the tokens: 256 ids, nothing to download, every string round-trips."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise PagedKVValueError(f"encode takes a str, got {type(text).__name__}.")
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids) -> str:
+        tokens = check_token_ids("token_ids", token_ids, allow_empty=True)
+        if any(not 0 <= t < 256 for t in tokens):
+            raise PagedKVValueError("byte-level token ids are 0..255.")
+        return bytes(tokens).decode("utf-8", errors="replace")
+
+
+def load_tiny() -> tuple[LlamaForCausalLM, ByteTokenizer]:
+    """The small Llama trained on the Python docs' prose, shipped in the package (see its README)."""
+    return LlamaForCausalLM.from_pretrained(TINY_DIR), ByteTokenizer()
