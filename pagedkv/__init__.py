@@ -1,11 +1,13 @@
 """pagedkv: how vLLM manages the KV cache in pages, as a small readable package.
 
 Layers, lowest first (a module only imports the ones above it in this list):
-sizing -> blocks -> prefix -> manager -> cache -> kernels -> paged_cache -> decoding -> sim -> viz.
+sizing -> blocks -> prefix -> manager -> cache -> kernels -> paged_cache -> decoding -> scheduler -> sim
+-> model -> engine -> viz.
 """
 
 from .blocks import BlockAllocator, FreeBlockQueue
 from .cache import CacheEngine
+from .engine import EngineStats, LLMEngine
 from .errors import (
     BlockTableError,
     DoubleFreeError,
@@ -21,8 +23,10 @@ from .errors import (
 )
 from .kernels import CUDA_MODE, paged_attention, reference_paged_attention  # first: sets the CUDA mode
 from .manager import AllocStatus, BlockSpaceManager
+from .model import LlamaConfig, LlamaForCausalLM, generate_dense, load_tiny
 from .paged_cache import CacheEvent, PagedKVCache
 from .prefix import hash_block_tokens
+from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from .sizing import MODELS, ModelSpec, cache_block_bytes, num_cpu_blocks, num_gpu_blocks
 from .state import BlockState, ManagerState
 
@@ -30,9 +34,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllocStatus", "BlockAllocator", "BlockSpaceManager", "BlockState", "BlockTableError", "CUDA_MODE",
-    "CacheEngine", "CacheEvent", "DoubleFreeError", "DuplicateSequenceError", "EmptyPromptError",
-    "FreeBlockQueue", "MODELS", "ManagerState", "ModelSpec", "NoFreeBlocksError", "PagedKVCache",
-    "PagedKVError", "PagedKVKeyError", "PagedKVValueError", "ShapeError", "UnknownSequenceError",
-    "WrongDeviceError", "cache_block_bytes", "hash_block_tokens", "num_cpu_blocks", "num_gpu_blocks",
-    "paged_attention", "reference_paged_attention",
+    "CacheEngine", "CacheEvent", "DoubleFreeError", "DuplicateSequenceError", "EmptyPromptError", "EngineStats",
+    "FreeBlockQueue", "LLMEngine", "LlamaConfig", "LlamaForCausalLM", "MODELS", "ManagerState", "ModelSpec",
+    "NoFreeBlocksError", "PagedKVCache", "PagedKVError", "PagedKVKeyError", "PagedKVValueError", "PreemptionMode",
+    "Scheduler", "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "cache_block_bytes",
+    "generate_dense", "hash_block_tokens", "load_tiny", "num_cpu_blocks", "num_gpu_blocks", "paged_attention",
+    "reference_paged_attention",
 ]

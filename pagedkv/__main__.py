@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -36,6 +37,7 @@ def figures(out: str) -> int:
 
 
 def labs(notebooks: str, out: str) -> int:
+    os.environ.setdefault("PAGEDKV_QUIET", "1")  # generating notebooks runs no kernel: no GPU notice
     from pagedkv.labs.generate import generate_labs
 
     paths = generate_labs(notebooks, out)

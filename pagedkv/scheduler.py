@@ -1,4 +1,4 @@
-"""Layer 8 — the scheduler: continuous batching over waiting / running / swapped queues.
+"""Layer 9 — the scheduler: continuous batching over waiting / running / swapped queues.
 
 Every step the scheduler decides which requests run, given the blocks the
 ``BlockSpaceManager`` has.  It mirrors vLLM v0's ``vllm/core/scheduler.py``
@@ -19,6 +19,11 @@ Preemption by *swap* copies its blocks to the CPU pool; it comes back later with
 nothing to recompute.  vLLM v0 recomputes single-sequence requests and swaps only
 multi-sequence groups (beam search); vLLM v1 only recomputes.  Here the caller
 chooses, to compare the two.  One request is one sequence (n = 1).
+
+Prefills and decodes share one batch under the token budget, in the order of
+v0's chunked-prefill scheduler (``_schedule_chunked_prefill``) and of v1's;
+v0's default scheduler instead runs a step of prefills *or* a step of decodes,
+admitting waiting requests first.
 
 The scheduler never touches K/V data: the copies it asks for travel in
 ``SchedulerOutputs`` (``blocks_to_swap_in`` / ``_out`` / ``_copy``) for the engine to do.
@@ -165,7 +170,7 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutputs) -> None:
-        queue, self._running = deque(self._running), []
+        queue, self._running = deque(self._running), []  # oldest first
         while queue:
             request = queue.popleft()
             while not self.block_manager.can_append_slots(request.request_id, 1):
@@ -173,7 +178,7 @@ class Scheduler:
                 self._preempt(victim, out)
                 if victim is request:
                     break
-            else:
+            else:  # the loop ended without `break`: there is a slot for this request's token
                 self._append_last_token(request, out)
                 self._running.append(request)
                 out.decodes.append(request.request_id)

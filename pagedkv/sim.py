@@ -1,4 +1,4 @@
-"""Layer 9 — a serving-loop simulator: where does KV memory go under each allocation policy?
+"""Layer 10 — a serving-loop simulator: where does KV memory go under each allocation policy?
 
 Requests wait in a queue, are admitted first come first served while memory
 allows, store their prompt, then decode one token per step until done.  The
@@ -111,21 +111,38 @@ class SimResult:
 
 @dataclass(frozen=True)
 class CostModel:
-    """How long a step takes, in units of one decode step: a stated, rough model.
+    """What a step costs, from rough figures for OPT-13B on an A100-40GB: a stated model, not a measurement.
 
-    A decode step of a batch costs 1 (it is memory-bound: every weight is read once).
-    Prefill is compute-bound and far cheaper per token: on OPT-13B on an A100 about
-    ``prefill_tokens_per_step`` prompt tokens cost as much as one decode step, so a
-    step that prefills ``n`` tokens lasts ``1 + n / prefill_tokens_per_step``.  That is
-    what a recompute preemption costs: its tokens are prefilled again.  A swap moves
-    the victim's blocks over PCIe: ``swap_tokens_per_step`` tokens (out or in) cost one step.
+    * a **decode step** reads every weight once (26 GB at about 1.5 TB/s, plus the KV cache): ~30 ms;
+    * a **prefill** is compute-bound: ~2 x 13e9 FLOP a token at ~220 TFLOP/s, ~0.12 ms a token, so a
+      recompute preemption costs its victim's tokens again;
+    * a **swap** copies each block of each layer's K and of V with its own ``cudaMemcpyAsync``
+      (~10 us of overhead each, as vLLM's ``swap_blocks`` does) and moves the bytes over PCIe 4.0 x16
+      (~25 GB/s): small blocks mean many small copies, which is why swap loses at small block sizes
+      (the vLLM paper's Fig. 19).
+
+    The simulator counts time in decode steps: a step lasts ``1 + (prefill + swap ms) / decode_step_ms``.
     """
 
-    prefill_tokens_per_step: float = 256.0
-    swap_tokens_per_step: float = 1024.0
+    decode_step_ms: float = 30.0
+    prefill_ms_per_token: float = 0.12
+    pcie_bytes_per_ms: float = 25e6
+    copy_overhead_ms: float = 0.01
+    kv_bytes_per_token: int = 819_200  # OPT-13B in fp16 (notebook 01)
+    num_layers: int = 40
 
-    def step_time(self, prefill_tokens: int = 0, swapped_tokens: int = 0) -> float:
-        return 1.0 + prefill_tokens / self.prefill_tokens_per_step + swapped_tokens / self.swap_tokens_per_step
+    def recompute_ms(self, num_tokens: int) -> float:
+        return num_tokens * self.prefill_ms_per_token
+
+    def swap_ms(self, num_tokens: int, block_size: int) -> float:
+        """One direction (out, or in) for ``num_tokens`` tokens held in blocks of ``block_size``."""
+        copies = blocks_needed(num_tokens, block_size) * 2 * self.num_layers  # K and V, every layer
+        return copies * self.copy_overhead_ms + num_tokens * self.kv_bytes_per_token / self.pcie_bytes_per_ms
+
+    def step_time(self, prefill_tokens: int = 0, swapped_blocks: int = 0, block_size: int = 16) -> float:
+        extra = self.recompute_ms(prefill_tokens) + (self.swap_ms(swapped_blocks * block_size, block_size)
+                                                     if swapped_blocks else 0.0)
+        return 1.0 + extra / self.decode_step_ms
 
 
 @dataclass
@@ -173,8 +190,9 @@ def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostMo
     """vLLM-style serving: pagedkv's Scheduler over a BlockSpaceManager, one step at a time. Yields _Step."""
     manager = BlockSpaceManager(block_size, budget // block_size, num_cpu_blocks=budget // block_size,
                                 watermark=watermark)
-    max_num_seqs = max(1, manager.num_total_gpu_blocks)  # no cap: each running request holds a block
-    scheduler = Scheduler(manager, max_num_seqs, max_num_batched_tokens=max(max_len, max_num_seqs),
+    # No caps but memory: each running request holds a block, and a step may prefill the whole budget.
+    max_num_seqs = max(1, manager.num_total_gpu_blocks)
+    scheduler = Scheduler(manager, max_num_seqs, max_num_batched_tokens=max(max_len, budget, max_num_seqs),
                           preemption_mode=preemption_mode)
     final_len = {}
     for rid, (prompt_len, output_len) in enumerate(pairs):
@@ -185,19 +203,21 @@ def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostMo
         if out.ignored:
             raise PagedKVValueError(f"requests {out.ignored} can never fit in {budget} token slots; give the "
                                     "simulator a bigger budget_tokens or shorter requests.")
-        running = [scheduler.requests[rid] for rid in scheduler.running]
-        tokens = sum(r.num_tokens for r in running)
+        running = scheduler.running
+        tokens = future = 0
+        for request_id in running:  # stored tokens, and the slots their last blocks will still fill
+            n = scheduler.requests[request_id].num_tokens
+            tokens += n
+            future += min(final_len[request_id], -(-n // block_size) * block_size) - n
         used = (manager.num_total_gpu_blocks - manager.num_free_gpu_blocks) * block_size
-        future = sum(min(final_len[r.request_id], -(-r.num_tokens // block_size) * block_size) - r.num_tokens
-                     for r in running)
         prefill_tokens = out.num_batched_tokens - len(out.decodes)
-        swapped_tokens = (len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)) * block_size
+        swapped_blocks = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
         saturated = len(scheduler.requests) > len(running)  # someone is waiting or swapped out
         finished = len(scheduler.update(out, dict.fromkeys(out.scheduled, 0)))
         stats.update(preemptions=scheduler.num_preemptions, recomputed_tokens=scheduler.num_recomputed_tokens,
                      swapped_blocks=scheduler.num_swapped_blocks)
         yield _Step(saturated, len(running), (tokens, future, used - tokens - future),
-                    cost.step_time(prefill_tokens, swapped_tokens), finished)
+                    cost.step_time(prefill_tokens, swapped_blocks, block_size), finished)
 
 
 def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requests: int = 1000,

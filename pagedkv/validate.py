@@ -32,6 +32,8 @@ def check_token_ids(name: str, token_ids, allow_empty: bool = False) -> list[int
     if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
         raise PagedKVValueError(f"{name} must be a list of integer token ids, got {token_ids!r}.")
     tokens = list(token_ids)
+    if len(tokens) == 1 and type(tokens[0]) is int and INT64_MIN <= tokens[0] <= INT64_MAX:
+        return tokens  # a decode step's single token: the hottest path
     if not tokens:
         if allow_empty:
             return tokens

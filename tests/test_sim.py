@@ -24,10 +24,10 @@ def test_paper_ordering_and_bounds(sharegpt):
 
 
 def test_deterministic_under_a_seed():
-    a = simulate("paged", "alpaca", seed=3, num_requests=200, progress=False)
-    b = simulate("paged", "alpaca", seed=3, num_requests=200, progress=False)
+    a = simulate("paged", "alpaca", seed=3, num_requests=400, progress=False)
+    b = simulate("paged", "alpaca", seed=3, num_requests=400, progress=False)
     assert a.breakdown == b.breakdown and a.steps == b.steps
-    assert simulate("paged", "alpaca", seed=4, num_requests=200, progress=False).steps != a.steps
+    assert simulate("paged", "alpaca", seed=4, num_requests=400, progress=False).steps != a.steps
 
 
 def test_workload_lengths_match_the_datasets():

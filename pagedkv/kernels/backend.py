@@ -96,6 +96,7 @@ def configure_cuda_mode(announce: bool = True) -> CudaMode:
                       f"{mode.describe()}. Fix: import pagedkv before numba.cuda, or set NUMBA_ENABLE_CUDASIM="
                       f"{int(mode.simulator)} before starting Python.", RuntimeWarning, stacklevel=2)
     elif announce and mode.simulator and user_value is None and not os.environ.get("PAGEDKV_QUIET"):
+        # In a notebook a plain line (stderr would show in a pink error box); in a terminal, stderr.
         print(f"pagedkv: no CUDA GPU ({mode.reason}); numba.cuda kernels run in numba's CUDA simulator.",
-              file=sys.stderr)
+              file=sys.stdout if "ipykernel" in sys.modules else sys.stderr)
     return mode

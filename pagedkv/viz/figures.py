@@ -18,8 +18,11 @@ import numpy as np  # noqa: E402
 
 from ..decoding import run_decoding, synthetic_prompt  # noqa: E402
 from ..manager import BlockSpaceManager  # noqa: E402
+from ..scheduler import Scheduler  # noqa: E402
 from ..sim import PARTS, simulate  # noqa: E402
 from .block_map import draw_block_map  # noqa: E402
+from .scheduler_widget import stand_in_model  # noqa: E402
+from .timeline import Timeline, draw_timeline  # noqa: E402
 
 
 def copy_on_write_figure():
@@ -90,11 +93,33 @@ def beam_search_figure():
     return fig
 
 
+def scheduler_timeline_figure():
+    """Five requests in a 12-block pool, served with preemption by recompute and by swap."""
+    fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+    for ax, mode in zip(axes, ("recompute", "swap")):
+        manager = BlockSpaceManager(block_size=4, num_gpu_blocks=12, num_cpu_blocks=16, watermark=0.0)
+        scheduler = Scheduler(manager, max_num_seqs=8, max_num_batched_tokens=64, preemption_mode=mode)
+        for i, (prompt_len, max_tokens) in enumerate(((6, 14), (9, 10), (4, 16), (7, 12), (5, 8))):
+            scheduler.add_request(f"r{i}", list(range(prompt_len)), max_tokens)
+        timeline = Timeline()
+        while scheduler.has_unfinished_requests():
+            out = scheduler.schedule()
+            timeline.record(scheduler, out)
+            scheduler.update(out, {r: stand_in_model(scheduler.requests[r].token_ids) for r in out.scheduled})
+        draw_timeline(timeline, ax=ax, title=f"preemption by {mode}: {len(timeline.steps)} steps, "
+                                             f"{scheduler.num_recomputed_tokens} tokens computed twice")
+    axes[0].set_xlabel("")
+    fig.suptitle("Continuous batching in a 12-block pool (block_size 4): five requests, one row each")
+    fig.tight_layout()
+    return fig
+
+
 FIGURES = {
     "copy_on_write.png": copy_on_write_figure,
     "prefix_caching.png": prefix_caching_figure,
     "memory_waste.png": memory_waste_figure,
     "beam_search_blocks.png": beam_search_figure,
+    "scheduler_timeline.png": scheduler_timeline_figure,
 }
 
 

@@ -1,0 +1,84 @@
+"""The scheduler timeline and the scheduler visualizer: plain methods, no browser."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from pagedkv import BlockSpaceManager, PagedKVError  # noqa: E402
+from pagedkv.scheduler import Scheduler  # noqa: E402
+from pagedkv.viz import SchedulerVisualizer, Timeline, draw_timeline  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def recorded(mode="recompute"):
+    scheduler = Scheduler(BlockSpaceManager(2, 6, num_cpu_blocks=8, watermark=0.0), max_num_seqs=4,
+                          max_num_batched_tokens=16, preemption_mode=mode)
+    for name in ("r0", "r1", "r2"):
+        scheduler.add_request(name, [7, 7], max_tokens=6)
+    timeline = Timeline()
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        timeline.record(scheduler, out)
+        scheduler.update(out, dict.fromkeys(out.scheduled, 1))
+    return timeline
+
+
+def test_timeline_rows_tell_each_requests_story():
+    timeline = recorded()
+    assert timeline.requests == ["r0", "r1", "r2"]  # arrival order
+    assert timeline.row("r2").startswith("PDDX...P")  # preempted at step 3, waits, prefilled again
+    assert timeline.finished_at("r0") == 5 and timeline.row("r0") == "PDDDDD    "
+    text = str(timeline)
+    assert text.splitlines()[0].startswith("step  0123") and "X preempted" in text
+    assert "S swapped" in str(recorded("swap"))
+
+
+def test_draw_timeline_has_a_key_for_every_state_shown():
+    ax = draw_timeline(recorded("swap"), title="t")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["prefill (prompt K/V computed)", "decode (one token)", "swapped out to CPU",
+                      "preempted this step"]
+    assert len(ax.patches) == sum(len(s) for s in recorded("swap").steps)
+
+
+def test_scheduler_visualizer_steps_and_reports():
+    viz = SchedulerVisualizer(num_gpu_blocks=10, block_size=4, num_requests=5, seed=1)
+    assert viz.scheduler.waiting == ["r0", "r1", "r2", "r3", "r4"]
+    assert viz.step(3) == 3 and len(viz.timeline.steps) == 3
+    assert viz.message.startswith("step 2:") and "running" in viz.status_text()
+    while viz.step(10):
+        pass
+    assert viz.message.startswith("every request has finished")
+    assert len(viz.scheduler.finished) == 5 and viz.manager.num_free_gpu_blocks == 10
+    assert viz.add_request(3, 2) == "r5" and viz.step() == 1
+
+
+def test_scheduler_visualizer_bad_settings_change_nothing():
+    viz = SchedulerVisualizer(num_gpu_blocks=10, num_requests=2)
+    viz.step()
+    before = (viz.settings, viz.scheduler.running)
+    for bad in ({"preemption_mode": "drop"}, {"num_gpu_blocks": -1}, {"block_size": 0}):
+        with pytest.raises(PagedKVError):
+            viz.reset(**bad)
+        assert (viz.settings, viz.scheduler.running) == before
+    viz.reset(preemption_mode="swap", num_gpu_blocks=6)
+    assert viz.scheduler.preemption_mode.value == "swap" and viz.manager.num_total_gpu_blocks == 6
+    assert viz.add_request(0, 1) is None and "empty" in viz.message  # refused, with the reason shown
+
+
+def test_scheduler_visualizer_buttons_call_the_methods():
+    viz = SchedulerVisualizer(num_gpu_blocks=10, num_requests=3)
+    viz.buttons["step"].click()
+    viz.buttons["5 steps"].click()
+    assert len(viz.timeline.steps) == 6
+    viz.mode.value = "swap"
+    viz.buttons["reset"].click()
+    assert viz.settings["preemption_mode"] == "swap" and viz.timeline.steps == []
