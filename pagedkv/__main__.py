@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 
 def _version(name: str) -> str:
@@ -28,11 +29,22 @@ def info() -> int:
     return 0
 
 
+def fail(message: str) -> int:
+    """A command-line error: one line on stderr, exit status 2, no traceback."""
+    print(f"python -m pagedkv: {message}", file=sys.stderr)
+    return 2
+
+
 def figures(out: str) -> int:
     from pagedkv.viz.figures import make_all_figures
 
-    for path in make_all_figures(out):
-        print(path)
+    if Path(out).exists() and not Path(out).is_dir():
+        return fail(f"--out {out} is a file; give a folder for the figures (default: figures/).")
+    try:
+        for path in make_all_figures(out):
+            print(path)
+    except OSError as error:
+        return fail(f"cannot write the figures to {out}: {error.strerror or error}.")
     return 0
 
 
@@ -40,13 +52,39 @@ def labs(notebooks: str, out: str) -> int:
     os.environ.setdefault("PAGEDKV_QUIET", "1")  # generating notebooks runs no kernel: no GPU notice
     from pagedkv.labs.generate import generate_labs
 
-    paths = generate_labs(notebooks, out)
+    if not Path(notebooks).is_dir():
+        return fail(f"--notebooks {notebooks} is not a folder of notebooks.")
+    if Path(out).exists() and not Path(out).is_dir():
+        return fail(f"--out {out} is a file; give a folder for the lab notebooks (default: labs/).")
+    if Path(out).resolve() == Path(notebooks).resolve():
+        return fail(f"--out {out} is the solutions folder: the labs would overwrite every solution. "
+                    "Write them somewhere else (default: labs/).")
+    not_labs = [p.name for p in sorted(Path(out).glob("[0-9][0-9]_*.ipynb")) if not _is_generated_lab(p)]
+    if not_labs:
+        return fail(f"{out} holds notebooks that are not generated labs ({', '.join(not_labs[:3])}); refusing to "
+                    "overwrite them. Choose an empty folder.")
+    try:
+        paths = generate_labs(notebooks, out)
+    except (ValueError, KeyError, TypeError) as error:  # json.JSONDecodeError is a ValueError
+        return fail(f"a notebook in {notebooks} is not valid notebook JSON ({type(error).__name__}: {error}); "
+                    "open it in JupyterLab and save it again.")
+    except OSError as error:
+        return fail(f"cannot write the labs to {out}: {error.strerror or error}.")
     if not paths:
         print(f"no numbered notebooks (NN_name.ipynb) in {notebooks}", file=sys.stderr)
         return 1
     for path in paths:
         print(path)
     return 0
+
+
+def _is_generated_lab(path: Path) -> bool:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["cells"][0]["id"] == "lab-header"
+    except (ValueError, KeyError, IndexError, TypeError, OSError):
+        return False
 
 
 def main(argv=None) -> int:

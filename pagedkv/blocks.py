@@ -17,6 +17,7 @@ from __future__ import annotations
 from numbers import Integral
 
 from .errors import DoubleFreeError, NoFreeBlocksError, PagedKVValueError
+from .validate import check_int
 
 
 class KVBlock:
@@ -88,12 +89,8 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        if not isinstance(num_blocks, int) or num_blocks < 0:
-            raise PagedKVValueError(f"num_blocks must be an integer >= 0, got {num_blocks!r}.")
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise PagedKVValueError(f"block_size must be a positive integer, got {block_size!r}.")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks = check_int("num_blocks", num_blocks, minimum=0)
+        self.block_size = check_int("block_size", block_size, minimum=1)
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
 
@@ -138,7 +135,11 @@ class BlockAllocator:
     def _block(self, block_id: int) -> KVBlock:
         if type(block_id) is int and 0 <= block_id < self.num_blocks:  # the common case, without ABC checks
             return self.blocks[block_id]
-        if isinstance(block_id, bool) or not isinstance(block_id, Integral) or not 0 <= block_id < self.num_blocks:
+        if isinstance(block_id, bool) or not isinstance(block_id, Integral):
+            raise PagedKVValueError(f"block ids are integers, got {block_id!r} ({type(block_id).__name__}).")
+        if not self.num_blocks:
+            raise PagedKVValueError(f"block id {block_id} does not exist: this pool has no blocks.")
+        if not 0 <= block_id < self.num_blocks:
             raise PagedKVValueError(
                 f"block id {block_id!r} is outside this pool of {self.num_blocks} blocks "
                 f"(valid ids are 0..{self.num_blocks - 1})."

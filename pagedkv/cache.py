@@ -13,6 +13,21 @@ from __future__ import annotations
 import torch
 
 from .errors import PagedKVValueError, ShapeError
+from .validate import check_int
+
+
+def _device(device) -> torch.device:
+    """``device`` as a torch.device that exists on this machine."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise PagedKVValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}.") from None
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise PagedKVValueError(f"device {device} is not available here (torch sees {torch.cuda.device_count()} CUDA "
+                                "GPUs); use device='cpu', which stands in for the GPU pool.")
+    if device.type not in ("cpu", "cuda"):
+        raise PagedKVValueError(f"device must be 'cpu' or a CUDA device, got {device}.")
+    return device
 
 
 class CacheEngine:
@@ -20,13 +35,20 @@ class CacheEngine:
 
     def __init__(self, num_gpu_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                  num_cpu_blocks: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+        for name, value, minimum in (("num_gpu_blocks", num_gpu_blocks, 0), ("block_size", block_size, 1),
+                                     ("num_kv_heads", num_kv_heads, 1), ("head_size", head_size, 1),
+                                     ("num_cpu_blocks", num_cpu_blocks, 0)):
+            check_int(name, value, minimum)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise PagedKVValueError(f"dtype must be a floating torch dtype such as torch.float16, got {dtype!r}.")
+        device = _device(device)
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size
         self.dtype = dtype
         # The "gpu" pool lives on `device`; without a GPU, CPU tensors stand in for it.
         self.pools = {
-            "gpu": self._empty_pool(num_gpu_blocks, torch.device(device)),
+            "gpu": self._empty_pool(num_gpu_blocks, device),
             "cpu": self._empty_pool(num_cpu_blocks, torch.device("cpu")),
         }
 
@@ -52,6 +74,9 @@ class CacheEngine:
         for name, t in (("keys", k), ("values", v)):
             if not isinstance(t, torch.Tensor):
                 raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+            if t.layout != torch.strided or t.device.type == "meta":
+                raise ShapeError(f"{name} must be a dense tensor with data (got layout {t.layout}, device "
+                                 f"{t.device}); pass .to_dense() of a real tensor.")
             shape_ok = t.dim() == 3 and tuple(t.shape[1:]) == expected[1:]
             if not shape_ok or (num_tokens is not None and t.shape[0] != num_tokens):
                 raise ShapeError(f"{name} has shape {tuple(t.shape)}; expected {expected} "
@@ -74,8 +99,8 @@ class CacheEngine:
         keep = slots >= 0
         flat_k = key_cache.view(-1, self.num_kv_heads, self.head_size)  # slot-major view, no copy
         flat_v = value_cache.view(-1, self.num_kv_heads, self.head_size)
-        flat_k[slots[keep]] = k[keep].to(key_cache.device)
-        flat_v[slots[keep]] = v[keep].to(value_cache.device)
+        flat_k[slots[keep]] = k.detach()[keep].to(key_cache.device)  # a cache stores values, never autograd history
+        flat_v[slots[keep]] = v.detach()[keep].to(value_cache.device)
 
     def copy_blocks(self, pairs, pool: str = "gpu") -> None:
         """Copy whole blocks ``src -> dst`` inside one pool (all copy-on-write copies at once)."""
@@ -105,10 +130,19 @@ class CacheEngine:
         return self.pools[pool]
 
     def _block_indices(self, pairs, src_pool: str, dst_pool: str) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(list(pairs), dtype=torch.long).reshape(-1, 2)
+        self._pool(src_pool), self._pool(dst_pool)
+        if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+            raise PagedKVValueError(f"block pairs must be a list of (src, dst) block ids, got {pairs!r}.")
+        pairs = list(pairs)
+        for pair in pairs:
+            if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+                raise PagedKVValueError(f"each block pair is (src, dst), got {pair!r} in {pairs!r}.")
+            for block_id in pair:
+                check_int("a block id in the pairs", block_id, minimum=0)
+        index = torch.as_tensor(pairs, dtype=torch.long).reshape(-1, 2)
         for column, pool in ((0, src_pool), (1, dst_pool)):
             n = self.num_blocks(pool)
-            if index[:, column].min() < 0 or index[:, column].max() >= n:
-                raise PagedKVValueError(f"block pairs {list(pairs)} name a block outside the {pool} pool "
-                                        f"(valid ids 0..{n - 1}).")
+            if len(index) and (index[:, column].min() < 0 or index[:, column].max() >= n):
+                valid = f"valid ids 0..{n - 1}" if n else "it has no blocks"
+                raise PagedKVValueError(f"block pairs {list(pairs)} name a block outside the {pool} pool ({valid}).")
         return index[:, 0], index[:, 1]

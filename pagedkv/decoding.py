@@ -23,6 +23,7 @@ from .errors import PagedKVValueError
 from .manager import BlockSpaceManager
 from .paged_cache import PagedKVCache
 from .sizing import blocks_needed
+from .validate import check_int, check_token_ids
 
 
 class ToyScorer:
@@ -236,6 +237,10 @@ def run_decoding(mode: str, width: int, prompt, output_len: int, block_size: int
     """Decode ``output_len`` tokens in ``mode`` ("parallel" or "beam"); blocks are freed at the end."""
     if mode not in ("parallel", "beam"):
         raise PagedKVValueError(f"mode must be 'parallel' or 'beam', got {mode!r}.")
+    check_int("width", width, minimum=1)
+    check_int("output_len", output_len, minimum=1)
+    check_int("block_size", block_size, minimum=1)
+    prompt = check_token_ids("prompt", prompt)
     if target is None:  # a pool big enough that nothing is ever refused
         target = BlockSpaceManager(block_size, 2 * width * blocks_needed(len(prompt) + output_len, block_size) + 8,
                                    watermark=0.0)
@@ -256,5 +261,7 @@ def synthetic_prompt(prompt_len: int, seed: int = 0, vocab_size: int = 64) -> li
 def sharing_savings(mode: str, width: int, prompt_len: int, output_len: int, block_size: int = 16,
                     seed: int = 0) -> float:
     """Fraction of KV blocks sharing saves at the peak: ``1 - peak shared / peak unshared``."""
+    check_int("prompt_len", prompt_len, minimum=1)
+    check_int("seed", seed, minimum=0)
     prompt = synthetic_prompt(prompt_len, seed)
     return run_decoding(mode, width, prompt, output_len, block_size, seed).savings

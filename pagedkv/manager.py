@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from numbers import Real
 
 from .blocks import BlockAllocator
 from .errors import (
@@ -27,7 +28,7 @@ from .errors import (
 from .prefix import PrefixCache, hash_block_tokens
 from .sizing import blocks_needed
 from .state import BlockState, ManagerState
-from .validate import check_int, check_token_ids
+from .validate import check_hashable, check_int, check_token_ids
 
 DEVICES = ("gpu", "cpu")
 
@@ -54,8 +55,12 @@ class BlockSpaceManager:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
                  watermark: float = 0.01, enable_prefix_caching: bool = False):
-        if not 0 <= watermark < 1:
-            raise PagedKVValueError(f"watermark must be in [0, 1), got {watermark!r}.")
+        if isinstance(watermark, bool) or not isinstance(watermark, Real) or not 0 <= watermark < 1:
+            raise PagedKVValueError(f"watermark must be a number in [0, 1) (the fraction of GPU blocks kept free "
+                                    f"for appends; vLLM's default is 0.01), got {watermark!r}.")
+        for name, value, minimum in (("block_size", block_size, 1), ("num_gpu_blocks", num_gpu_blocks, 0),
+                                     ("num_cpu_blocks", num_cpu_blocks, 0)):
+            check_int(name, value, minimum)
         self.block_size = block_size
         self.num_total_gpu_blocks = num_gpu_blocks
         self.num_total_cpu_blocks = num_cpu_blocks
@@ -142,10 +147,11 @@ class BlockSpaceManager:
         ``block_manager_v1.can_allocate`` counts every block, hits included.)
         NEVER depends on the prompt's own size: it holds that many distinct blocks.
         """
-        if isinstance(prompt, int) and not isinstance(prompt, bool):
-            num_tokens, taken = prompt, blocks_needed(max(prompt, 0), self.block_size)
+        if isinstance(prompt, (int, Real)) or prompt is None:  # a number of tokens (bools and floats refused)
+            num_tokens = check_int("num_tokens", prompt, minimum=1)
+            taken = blocks_needed(num_tokens, self.block_size)
         else:
-            tokens = list(prompt)
+            tokens = check_token_ids("prompt", prompt)
             num_tokens, taken = len(tokens), sum(self._blocks_to_take(tokens)[2:])
         if self.num_total_gpu_blocks - blocks_needed(num_tokens, self.block_size) < self.watermark_blocks:
             return AllocStatus.NEVER
@@ -159,10 +165,11 @@ class BlockSpaceManager:
         With prefix caching, the prompt's leading full blocks that are already
         cached (in use or waiting in the free queue) are shared instead of filled again.
         """
+        check_hashable("seq_id", seq_id)
         if seq_id in self._seqs:
             raise DuplicateSequenceError(
                 f"sequence {seq_id!r} already exists; free it first or pick a new id.")
-        tokens = list(token_ids)
+        tokens = check_token_ids("token_ids", token_ids, allow_empty=True)
         if not tokens:
             raise EmptyPromptError(
                 f"sequence {seq_id!r} has an empty prompt; a sequence needs at least one token.")
@@ -218,6 +225,7 @@ class BlockSpaceManager:
     def fork(self, parent_seq_id, child_seq_id) -> None:
         """The child shares every block of the parent; each block's ref count goes up by one."""
         parent = self._get(parent_seq_id)
+        check_hashable("child_seq_id", child_seq_id)
         if child_seq_id in self._seqs:
             raise DuplicateSequenceError(
                 f"cannot fork into {child_seq_id!r}: that sequence already exists; pick a new id.")
@@ -325,9 +333,11 @@ class BlockSpaceManager:
     def _require_free(self, device: str, needed: int, what: str) -> None:
         free = self.allocators[device].num_free_blocks
         if needed > free:
+            hint = ("Free or swap out a sequence first, or use a bigger pool." if device == "gpu" else
+                    f"The CPU pool holds {self.num_total_cpu_blocks} blocks: swap a sequence back in or free one, "
+                    "or give the manager more num_cpu_blocks (vLLM: --swap-space).")
             raise NoFreeBlocksError(
-                f"cannot {what}: needs {needed} free {device.upper()} blocks but only {free} are free. "
-                "Free or swap out a sequence first, or use a bigger pool.")
+                f"cannot {what}: needs {needed} free {device.upper()} blocks but only {free} are free. {hint}")
 
     @staticmethod
     def _require_device(seq_id, seq: _Sequence, device: str, action: str) -> None:

@@ -266,6 +266,8 @@ class LlamaForCausalLM(nn.Module):
         """Read a local Hugging Face directory (``config.json`` + ``model.safetensors``). Never downloads."""
         from safetensors.torch import load_file
 
+        if not isinstance(directory, (str, Path)):
+            raise PagedKVValueError(f"from_pretrained takes a local folder (str or Path), got {directory!r}.")
         directory = Path(directory)
         missing = [name for name in ("config.json", "model.safetensors") if not (directory / name).is_file()]
         if missing:
@@ -290,6 +292,8 @@ class LlamaForCausalLM(nn.Module):
 @torch.inference_mode()
 def generate_dense(model: LlamaForCausalLM, prompt_token_ids, max_tokens: int) -> list[int]:
     """Greedy decoding with a contiguous KV cache: the reference every paged run must equal."""
+    if not isinstance(model, LlamaForCausalLM):
+        raise PagedKVValueError(f"model must be a pagedkv LlamaForCausalLM, got {type(model).__name__}.")
     tokens = model.check_token_ids("prompt_token_ids", prompt_token_ids)
     max_tokens = check_int("max_tokens", max_tokens, minimum=1)
     kv = ContiguousKVCache()

@@ -3,7 +3,10 @@
 The manager decides where tokens go and which blocks must be copied; the
 cache engine moves the data.  This facade does both, in the right order, so
 ``gather(seq)`` always returns exactly the keys and values written for
-``seq`` (a forked child inherits its parent's).  In vLLM the scheduler, the
+``seq`` (a forked child inherits its parent's).  One caveat, by design: with
+prefix caching a full block is named by its tokens, so a second prompt with the
+same leading tokens *shares* the first one's K/V and its own K/V for those
+tokens are not written (they would be the same, coming from the same model).  In vLLM the scheduler, the
 block manager and the worker's cache engine share this job
 (``vllm/core/scheduler.py`` hands ``blocks_to_copy`` / ``blocks_to_swap_*`` to
 ``vllm/worker/worker.py``).
@@ -12,6 +15,7 @@ block manager and the worker's cache engine share this job
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 
@@ -20,6 +24,7 @@ from .errors import PagedKVValueError, WrongDeviceError
 from .kernels import paged_attention
 from .manager import BlockSpaceManager
 from .state import ManagerState
+from .validate import check_int, check_token_ids
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,7 @@ class PagedKVCache:
         return self.manager.snapshot()
 
     def format_events(self, last: int | None = None) -> str:
-        events = self.events if last is None else self.events[-last:]
+        events = self.events if last is None else self.events[-check_int("last", last, minimum=1):]
         return "\n".join(f"{i:>3}. {e}" for i, e in enumerate(events, start=len(self.events) - len(events) + 1))
 
     def _log(self, kind: str, seq_id, blocks, copies=()) -> None:
@@ -161,7 +166,8 @@ class PagedKVCache:
                 raise PagedKVValueError(f"prefix caching names blocks by their token ids; pass token_ids "
                                         f"for sequence {seq_id!r}.")
             return list(range(start, start + n))  # placeholders: nothing reads them without caching
-        ids = [int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids]
+        single = isinstance(token_ids, Integral) or getattr(token_ids, "ndim", None) == 0
+        ids = check_token_ids("token_ids", [token_ids] if single else token_ids)
         if len(ids) != n:
             raise PagedKVValueError(f"got {len(ids)} token ids for {n} K/V rows of sequence {seq_id!r}; "
                                     "pass one token id per token.")

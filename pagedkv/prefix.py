@@ -17,11 +17,16 @@ import hashlib
 from array import array
 from dataclasses import dataclass
 
+from .errors import PagedKVValueError
+
 
 def hash_block_tokens(parent_hash: str | None, token_ids) -> str:
     """sha256 hex digest of the parent block's hash and this block's token ids."""
     digest = hashlib.sha256((parent_hash or "").encode())
-    digest.update(array("q", token_ids).tobytes())
+    try:
+        digest.update(array("q", token_ids).tobytes())
+    except (TypeError, OverflowError):
+        raise PagedKVValueError(f"token ids must be integers that fit in int64, got {list(token_ids)!r}.") from None
     return digest.hexdigest()
 
 

@@ -114,6 +114,8 @@ class Scheduler:
                 f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}): "
                 "every running request decodes one token per step (vLLM's SchedulerConfig has the same rule).")
         self.preemption_mode = _preemption_mode(preemption_mode)
+        if not isinstance(block_manager, BlockSpaceManager):
+            raise PagedKVValueError(f"block_manager must be a BlockSpaceManager, got {type(block_manager).__name__}.")
         self.block_manager = block_manager
         self.requests: dict = {}  # request_id -> Request, every unfinished request
         self.finished: dict = {}  # request_id -> generated token ids, in order of finishing

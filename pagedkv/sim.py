@@ -55,6 +55,9 @@ def synthetic_lengths(workload: str, num_requests: int, seed: int = 0, max_len: 
     """
     if workload not in WORKLOADS:
         raise PagedKVValueError(f"unknown workload {workload!r}; use one of {sorted(WORKLOADS)} or pass lengths=.")
+    check_int("num_requests", num_requests, minimum=0)
+    check_int("seed", seed, minimum=0)
+    check_int("max_len", max_len, minimum=2)  # room for a prompt token and an output token
     mean_in, mean_out, sigma = WORKLOADS[workload]
     rng = np.random.default_rng(seed)
 
@@ -230,7 +233,7 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
     for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_len", max_len),
                         ("num_requests", num_requests)):
         check_int(name, value, minimum=1)
-    pairs = list(lengths) if lengths is not None else synthetic_lengths(workload, num_requests, seed, max_len)
+    pairs = _pairs(lengths) if lengths is not None else synthetic_lengths(workload, num_requests, seed, max_len)
     if any(p < 1 or o < 1 or p + o > max_len for p, o in pairs):
         raise PagedKVValueError(f"every request needs prompt_len >= 1, output_len >= 1 and prompt_len + output_len "
                                 f"<= max_len ({max_len}).")
@@ -275,6 +278,18 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
                      stats.get("recomputed_tokens", 0), stats.get("swapped_blocks", 0), total_time, history)
 
 
+def _pairs(lengths) -> list[tuple[int, int]]:
+    """``lengths`` as a list of ``(prompt_len, output_len)`` int pairs."""
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise PagedKVValueError(f"lengths must be a list of (prompt_len, output_len) pairs, got {lengths!r}.")
+    pairs = []
+    for pair in lengths:
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise PagedKVValueError(f"each entry of lengths is (prompt_len, output_len), got {pair!r}.")
+        pairs.append((check_int("prompt_len", pair[0]), check_int("output_len", pair[1])))
+    return pairs
+
+
 def memory_breakdown(policy: str, workload: str = "sharegpt", seed: int = 0, **kwargs) -> dict:
     """Fractions of the KV budget (time-averaged while saturated) under the four PARTS keys; they sum to 1."""
     return simulate(policy, workload, seed, **kwargs).breakdown
@@ -283,6 +298,11 @@ def memory_breakdown(policy: str, workload: str = "sharegpt", seed: int = 0, **k
 def max_concurrent_requests(policy: str, budget_tokens: int = PAPER_BUDGET_TOKENS, request_len: int = 500,
                             block_size: int = 16, max_len: int = 2048) -> int:
     """How many requests of ``request_len`` final tokens fit at once in the budget under ``policy``."""
+    for name, value in (("budget_tokens", budget_tokens), ("request_len", request_len), ("block_size", block_size),
+                        ("max_len", max_len)):
+        check_int(name, value, minimum=1)
+    if request_len > max_len:
+        raise PagedKVValueError(f"request_len ({request_len}) is longer than max_len ({max_len}).")
     per_request = {"reserve_max": max_len, "reserve_pow2": 1 << (request_len - 1).bit_length(),
                    "oracle": request_len, "paged": blocks_needed(request_len, block_size) * block_size}
     if policy not in per_request:

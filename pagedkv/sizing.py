@@ -12,7 +12,9 @@ blocks: see ``vllm/worker/cache_engine.py`` (``get_cache_block_size``) and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from numbers import Real
 
 from .errors import PagedKVValueError
 
@@ -27,8 +29,14 @@ def _check_positive_int(name: str, value) -> None:
 
 
 def _check_memory(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or value < 0:
-        raise PagedKVValueError(f"{name} must be a number of bytes >= 0, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
+        raise PagedKVValueError(f"{name} must be a finite number of bytes >= 0, got {value!r}.")
+
+
+def _check_spec(spec) -> None:
+    if not isinstance(spec, ModelSpec):
+        raise PagedKVValueError(f"spec must be a ModelSpec, got {type(spec).__name__}; e.g. MODELS['llama-2-7b'] "
+                                "or ModelSpec(name, num_layers, num_heads, num_kv_heads, head_size).")
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,9 @@ class ModelSpec:
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                 f"({self.num_kv_heads}): each KV head serves a whole group of query heads."
             )
-        if self.dtype not in DTYPE_BYTES:
+        if self.num_params is not None:
+            _check_positive_int("num_params", self.num_params)
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise PagedKVValueError(
                 f"unknown dtype {self.dtype!r}; use one of {sorted(DTYPE_BYTES)}."
             )
@@ -90,6 +100,7 @@ class ModelSpec:
 
 def cache_block_bytes(spec: ModelSpec, block_size: int) -> int:
     """Bytes of one KV block: ``block_size`` tokens, K and V, every layer."""
+    _check_spec(spec)
     _check_positive_int("block_size", block_size)
     return block_size * spec.kv_bytes_per_token
 
@@ -106,7 +117,8 @@ def num_gpu_blocks(
     ``peak_memory`` is what a forward pass used (weights + activations);
     vLLM may use ``total_memory * gpu_memory_utilization`` in all.
     """
-    if not 0 < gpu_memory_utilization <= 1:
+    if (isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, Real)
+            or not 0 < gpu_memory_utilization <= 1):
         raise PagedKVValueError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}."
         )

@@ -22,8 +22,30 @@ def check_manager_invariants(m):
         assert len(table) == len(set(table)) == -(-s.seq_lens[seq] // m.block_size)
         limit = m.num_total_gpu_blocks if device == "gpu" else m.num_total_cpu_blocks
         assert all(0 <= b < limit for b in table)  # only its own device's ids
+    for allocator in m.allocators.values():
+        check_free_queue_links(allocator)
     if m.prefix_cache:
         check_prefix_cache(m)
+
+
+def check_free_queue_links(allocator):
+    """The doubly linked free queue reads the same forwards and backwards, holds only free blocks, and its
+    count is right; blocks in use carry no links."""
+    queue = allocator.free_queue
+    forward, node = [], queue._head.next_free
+    while node is not queue._tail:
+        forward.append(node)
+        node = node.next_free
+    backward, node = [], queue._tail.prev_free
+    while node is not queue._head:
+        backward.append(node)
+        node = node.prev_free
+    assert forward == backward[::-1] and len(forward) == queue.num_free_blocks
+    assert all(block.ref_count == 0 for block in forward)
+    in_queue = {id(block) for block in forward}
+    for block in allocator.blocks:
+        if id(block) not in in_queue:
+            assert block.prev_free is None and block.next_free is None and block.ref_count > 0
 
 
 def check_prefix_cache(m):

@@ -50,10 +50,11 @@ def test_out_of_blocks():
         a.allocate()
 
 
-@pytest.mark.parametrize("bad", [-1, 4, "0", 1.0])
-def test_block_ids_outside_the_pool(bad):
+@pytest.mark.parametrize("bad, match", [(-1, "outside this pool"), (4, "outside this pool"),
+                                        ("0", "block ids are integers"), (1.0, "block ids are integers")])
+def test_block_ids_outside_the_pool(bad, match):
     a = BlockAllocator(4, 16)
-    with pytest.raises(PagedKVValueError, match="outside this pool"):
+    with pytest.raises(PagedKVValueError, match=match):
         a.refcount(bad)
 
 

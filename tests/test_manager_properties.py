@@ -4,7 +4,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedkv import BlockSpaceManager, PagedKVError
+from pagedkv import AllocStatus, BlockSpaceManager, PagedKVError
 
 from invariants import check_manager_invariants
 
@@ -34,7 +34,9 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule(tokens=TOKENS)
     def allocate(self, tokens):
+        status = self.m.can_allocate(tokens)
         _, ok = self.attempt(lambda: self.m.allocate(self.next_id, tokens))
+        assert ok == (status is AllocStatus.OK)  # watermark 0: can_allocate agrees with allocate
         if ok:
             self.tokens[self.next_id] = list(tokens)
         self.next_id += 1
@@ -43,7 +45,9 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), tokens=TOKENS)
     def append(self, data, tokens):
         seq = self.pick(data)
+        can = self.m.get_device(seq) == "gpu" and self.m.can_append_slots(seq, len(tokens))
         _, ok = self.attempt(lambda: self.m.append_slots(seq, tokens))
+        assert ok == can
         if ok:
             self.tokens[seq] += tokens
 
@@ -67,9 +71,24 @@ class ManagerMachine(RuleBasedStateMachine):
     def swap(self, data):
         seq = self.pick(data)
         if self.m.get_device(seq) == "gpu":
-            self.attempt(lambda: self.m.swap_out(seq))
+            can = self.m.can_swap_out(seq)
+            assert self.attempt(lambda: self.m.swap_out(seq))[1] == can
         else:
-            self.attempt(lambda: self.m.swap_in(seq))
+            can = self.m.can_swap_in(seq)
+            assert self.attempt(lambda: self.m.swap_in(seq))[1] == can
+
+    @rule(data=st.data())
+    def bad_call(self, data):
+        """Nonsense must be refused, with the manager left exactly as it was."""
+        seq = data.draw(st.sampled_from(sorted(self.tokens) or [0]))
+        calls = [
+            lambda: self.m.append_slots(seq, [1.5]), lambda: self.m.append_slots(seq, [2**63]),
+            lambda: self.m.allocate(self.next_id, "text"), lambda: self.m.allocate(self.next_id, []),
+            lambda: self.m.allocate(["unhashable"], [1]), lambda: self.m.fork(seq, seq),
+            lambda: self.m.free("nobody"), lambda: self.m.can_allocate(-1), lambda: self.m.refcount(10**6),
+        ]
+        _, ok = self.attempt(data.draw(st.sampled_from(calls)))
+        assert not ok
 
     @invariant()
     def invariants_hold(self):
@@ -92,6 +111,6 @@ class CachingManagerMachine(ManagerMachine):
 
 
 TestManagerMachine = ManagerMachine.TestCase
-TestManagerMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestManagerMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 TestCachingManagerMachine = CachingManagerMachine.TestCase
-TestCachingManagerMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestCachingManagerMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)

@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from pagedkv import BlockSpaceManager, PagedKVError  # noqa: E402
+from pagedkv import BlockSpaceManager  # noqa: E402
 from pagedkv.scheduler import Scheduler  # noqa: E402
 from pagedkv.viz import SchedulerVisualizer, Timeline, draw_timeline  # noqa: E402
 
@@ -65,10 +65,11 @@ def test_scheduler_visualizer_bad_settings_change_nothing():
     viz = SchedulerVisualizer(num_gpu_blocks=10, num_requests=2)
     viz.step()
     before = (viz.settings, viz.scheduler.running)
-    for bad in ({"preemption_mode": "drop"}, {"num_gpu_blocks": -1}, {"block_size": 0}):
-        with pytest.raises(PagedKVError):
-            viz.reset(**bad)
+    for bad in ({"preemption_mode": "drop"}, {"num_gpu_blocks": -1}, {"block_size": 0}, {"colour": "red"},
+                {"num_requests": "3"}):
+        assert viz.reset(**bad) is False and viz.message.startswith("reset failed")
         assert (viz.settings, viz.scheduler.running) == before
+    assert viz.step("2") == 0 and "integer" in viz.message
     viz.reset(preemption_mode="swap", num_gpu_blocks=6)
     assert viz.scheduler.preemption_mode.value == "swap" and viz.manager.num_total_gpu_blocks == 6
     assert viz.add_request(0, 1) is None and "empty" in viz.message  # refused, with the reason shown

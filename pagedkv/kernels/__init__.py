@@ -35,6 +35,10 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale
     """
     shape = check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, scale,
                                  backend, partition_size)
+    if shape.num_seqs == 0:  # nothing to attend: no launch at all
+        return query.new_empty(tuple(query.shape))
+    # Attention reads values; autograd history on an input must not reach the kernels (or the caches).
+    query, key_cache, value_cache = query.detach(), key_cache.detach(), value_cache.detach()
     backend = resolve_backend(backend)
     if backend == "torch":
         return reference_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape.scale)

@@ -6,7 +6,9 @@ garbage (or crash the process); here it becomes an error naming the argument.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Real
 
 import torch
 
@@ -46,6 +48,8 @@ def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, 
              "block_tables": block_tables, "seq_lens": seq_lens}
     for name, t in named.items():
         _require(isinstance(t, torch.Tensor), ShapeError, f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+        _require(t.layout == torch.strided and t.device.type != "meta", ShapeError,
+                 f"{name} must be a dense tensor with data (got layout {t.layout} on {t.device}); pass .to_dense().")
         _require(t.is_contiguous(), ShapeError, f"{name} must be contiguous; pass {name}.contiguous().")
         _require(t.device == query.device, ShapeError,
                  f"{name} is on {t.device} but query is on {query.device}; put every tensor on one device.")
@@ -57,6 +61,10 @@ def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, 
              f"value_cache {tuple(value_cache.shape)} must have key_cache's shape {tuple(key_cache.shape)}.")
     num_seqs, num_heads, head_size = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_size = key_cache.shape
+    for name, size in (("num_heads", num_heads), ("head_size", head_size), ("num_blocks", num_blocks),
+                       ("block_size", block_size), ("num_kv_heads", num_kv_heads)):
+        _require(size >= 1, ShapeError, f"{name} is {size} (query {tuple(query.shape)}, caches "
+                 f"{tuple(key_cache.shape)}); every size but num_seqs must be at least 1.")
     _require(cache_head_size == head_size, ShapeError,
              f"query's head_size is {head_size} but the cache's is {cache_head_size}.")
     _require(num_heads % num_kv_heads == 0, ShapeError,
@@ -64,6 +72,8 @@ def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, 
     _require(query.dtype == key_cache.dtype == value_cache.dtype, ShapeError,
              f"query, key_cache and value_cache must share a dtype; got {query.dtype}, "
              f"{key_cache.dtype}, {value_cache.dtype}.")
+    _require(query.dtype.is_floating_point, ShapeError,
+             f"attention needs floating-point tensors, got {query.dtype}; convert with .float().")
     if backend in ("cuda", "cpu", "auto"):
         _require(query.dtype in NUMBA_DTYPES, ShapeError,
                  f"the numba kernels take float32 or float16, got {query.dtype}; use backend='torch' or convert.")
@@ -90,10 +100,13 @@ def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, 
         raise BlockTableError(f"block_tables[{seq}] uses block id(s) {tables[seq][bad[seq]].tolist()}, outside "
                               f"the cache's {num_blocks} blocks (valid ids 0..{num_blocks - 1}).")
     if partition_size is not None:
-        _require(isinstance(partition_size, int) and partition_size > 0 and partition_size % block_size == 0,
+        whole = isinstance(partition_size, int) and not isinstance(partition_size, bool)
+        _require(whole and partition_size > 0 and partition_size % block_size == 0,
                  PagedKVValueError,
                  f"partition_size must be a positive multiple of block_size ({block_size}), got {partition_size!r}.")
     if scale is None:
         scale = head_size ** -0.5
+    _require(isinstance(scale, Real) and not isinstance(scale, bool) and math.isfinite(scale), PagedKVValueError,
+             f"scale must be a finite number (default head_size ** -0.5 = {head_size ** -0.5:.4g}), got {scale!r}.")
     return AttentionShape(num_seqs, num_heads, num_kv_heads, head_size, num_blocks, block_size,
                           block_tables.shape[1], int(lens.max()) if num_seqs else 0, float(scale))

@@ -15,6 +15,7 @@ import math
 import matplotlib.pyplot as plt
 from matplotlib.collections import PolyCollection
 
+from ..errors import PagedKVValueError
 from ..state import ManagerState
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
@@ -42,6 +43,9 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     each block table is a bar of entries and its length.  Rectangles go into two collections
     (fills, outlines), which keeps a 256-block redraw fast.
     """
+    if not isinstance(state, ManagerState):
+        raise PagedKVValueError(f"draw_block_map draws a snapshot, got {type(state).__name__}; pass "
+                                "manager.snapshot() (or cache.snapshot()).")
     colors = seq_colors(state)
     marked = {h if isinstance(h, tuple) else ("gpu", h) for h in highlight}
     pools = [d for d, n in (("gpu", state.num_gpu_blocks), ("cpu", state.num_cpu_blocks)) if n]

@@ -14,9 +14,10 @@ import random
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
-from ..errors import PagedKVError
+from ..errors import PagedKVError, PagedKVValueError
 from ..manager import BlockSpaceManager
 from ..scheduler import Scheduler
+from ..validate import check_int
 from .block_map import draw_block_map
 from .timeline import Timeline, draw_timeline
 
@@ -41,11 +42,22 @@ class SchedulerVisualizer:
         self.refresh()
 
     # ------------------------------------------------------------ the model
-    def reset(self, **settings) -> None:
-        """Start again (keyword arguments change the settings); a bad setting changes nothing."""
+    def reset(self, **settings) -> bool:
+        """Start again (keyword arguments change the settings); a bad setting is refused and changes nothing."""
         new = {**self.settings, **settings}
-        manager = BlockSpaceManager(new["block_size"], new["num_gpu_blocks"], new["num_cpu_blocks"], new["watermark"])
-        scheduler = Scheduler(manager, new["max_num_seqs"], max(64, new["max_num_seqs"]), new["preemption_mode"])
+        try:
+            unknown = sorted(set(settings) - set(self.settings))
+            if unknown:
+                raise PagedKVValueError(f"unknown settings {unknown}; use {sorted(self.settings)}.")
+            check_int("num_requests", new["num_requests"], minimum=0)
+            manager = BlockSpaceManager(new["block_size"], new["num_gpu_blocks"], new["num_cpu_blocks"],
+                                        new["watermark"])
+            scheduler = Scheduler(manager, new["max_num_seqs"], max(64, new["max_num_seqs"]), new["preemption_mode"])
+        except PagedKVError as error:
+            self.message = f"reset failed: {error}"
+            if hasattr(self, "output"):
+                self.refresh()
+            return False
         self.settings, self.manager, self.scheduler = new, manager, scheduler
         self.rng = random.Random(new["seed"])
         self.timeline, self.last, self.message, self._next_id = Timeline(), None, "", 0
@@ -53,6 +65,7 @@ class SchedulerVisualizer:
             self.add_request()
         if hasattr(self, "output"):
             self.refresh()
+        return True
 
     def add_request(self, prompt_len: int | None = None, max_tokens: int | None = None):
         """Queue a request (random lengths unless given); returns its id, or None if it was refused."""
@@ -60,8 +73,8 @@ class SchedulerVisualizer:
         max_tokens = max_tokens if max_tokens is not None else self.rng.randint(2, 4 * self.settings["block_size"])
         request_id = f"r{self._next_id}"
         try:
-            self.scheduler.add_request(request_id, [self.rng.randrange(1000) for _ in range(prompt_len)],
-                                       max_tokens)
+            length = check_int("prompt_len", prompt_len, minimum=0)  # 0 is refused below, as an empty prompt
+            self.scheduler.add_request(request_id, [self.rng.randrange(1000) for _ in range(length)], max_tokens)
         except PagedKVError as error:
             self.message = f"add request failed: {error}"
             return None
@@ -71,6 +84,11 @@ class SchedulerVisualizer:
 
     def step(self, num_steps: int = 1) -> int:
         """Run up to ``num_steps`` scheduler steps; returns how many ran (0 when every request is done)."""
+        try:
+            num_steps = check_int("num_steps", num_steps, minimum=1)
+        except PagedKVError as error:
+            self.message = f"step failed: {error}"
+            return 0
         ran = 0
         while ran < num_steps and self.scheduler.has_unfinished_requests():
             out = self.scheduler.schedule()

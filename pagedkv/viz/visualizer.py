@@ -17,9 +17,10 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from ..decoding import BeamSearch, SequenceOps
-from ..errors import PagedKVError
+from ..errors import PagedKVError, PagedKVValueError
 from ..manager import BlockSpaceManager
 from ..paged_cache import PagedKVCache
+from ..validate import check_int
 from .block_map import draw_block_map
 
 
@@ -51,8 +52,8 @@ class BlockTableVisualizer:
         self.refresh()
 
     # ------------------------------------------------------------ the model
-    def _new_cache(self) -> PagedKVCache:
-        s = self.settings
+    def _new_cache(self, settings: dict | None = None) -> PagedKVCache:
+        s = settings or self.settings
         return PagedKVCache(s["num_gpu_blocks"], s["block_size"], num_kv_heads=1, head_size=1,
                             num_cpu_blocks=s["num_cpu_blocks"], watermark=s["watermark"],
                             enable_prefix_caching=s["enable_prefix_caching"])
@@ -102,19 +103,19 @@ class BlockTableVisualizer:
 
     def add_sequence(self, prompt_len: int = 6, reuse_prompt: bool = False):
         name = self._name()
-        tokens = self._prompt(prompt_len, reuse_prompt)
 
         def action():
-            self.ops.allocate(name, tokens)
+            length = check_int("prompt length", prompt_len, minimum=1)
+            self.ops.allocate(name, self._prompt(length, reuse_prompt))
             return self.manager.get_block_table(name)
 
         self._select = name
         return name if self._act(f"add {name} ({prompt_len} tokens)", action) else None
 
     def append(self, seq_id, num_tokens: int = 1) -> bool:
-        tokens = [self.rng.randrange(1000, 32000) for _ in range(num_tokens)]
-
         def action():
+            count = check_int("tokens to append", num_tokens, minimum=1)
+            tokens = [self.rng.randrange(1000, 32000) for _ in range(count)]
             before = self.manager.get_block_table(seq_id)
             self.ops.append(seq_id, tokens)
             after = self.manager.get_block_table(seq_id)
@@ -142,7 +143,8 @@ class BlockTableVisualizer:
         """Start a beam search (first click) or advance it by one step."""
         def action():
             if self.beam is None or not self.beam.tokens:
-                self.beam = BeamSearch(self.ops.cache or self.manager, self._prompt(prompt_len, False),
+                length = check_int("prompt length", prompt_len, minimum=1)
+                self.beam = BeamSearch(self.ops.cache or self.manager, self._prompt(length, False),
                                        self.beam_width, id_prefix="beam")
                 return [b for s in self.beam.tokens for b in self.manager.get_block_table(s)]
             stats = self.beam.step()
@@ -153,12 +155,26 @@ class BlockTableVisualizer:
 
         return self._act("beam search step", action)
 
-    def reset(self, **settings) -> None:
-        """Start again with an empty cache; keyword arguments change the settings (block_size, ...)."""
-        self.settings.update(settings)
-        self._attach(self._new_cache())
+    def reset(self, **settings) -> bool:
+        """Start again with an empty cache; keyword arguments change the settings (block_size, ...).
+
+        A bad setting is refused with its message shown, and the visualizer stays as it was.
+        """
+        unknown = sorted(set(settings) - set(self.settings))
+        new = {**self.settings, **settings}
+        try:
+            if unknown:
+                raise PagedKVValueError(f"unknown settings {unknown}; use {sorted(self.settings)}.")
+            cache = self._new_cache(new)
+        except PagedKVError as error:
+            self.message = f"reset failed: {error}"
+            self.refresh()
+            return False
+        self.settings = new
+        self._attach(cache)
         self.log, self.message, self.last_touched = ["reset"], "", []
         self.refresh()
+        return True
 
     # ------------------------------------------------------------- the view
     def _build_widgets(self) -> None:
