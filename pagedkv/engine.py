@@ -101,7 +101,7 @@ class LLMEngine:
 
     # ------------------------------------------------------------ requests
     def add_request(self, request_id, prompt_token_ids, max_tokens: int) -> None:
-        self.scheduler.add_request(request_id, self.model.check_token_ids("prompt_token_ids", prompt_token_ids),
+        self.scheduler.add_request(request_id, self.model.check_prompt("prompt_token_ids", prompt_token_ids),
                                    max_tokens)
 
     def has_unfinished_requests(self) -> bool:
@@ -111,7 +111,7 @@ class LLMEngine:
         """Greedy continuations of every prompt, in order; equal to ``generate_dense`` for each prompt alone."""
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
             raise PagedKVValueError("prompts must be a list of token-id lists, e.g. [tokenizer.encode('The ')].")
-        prompts = [self.model.check_token_ids(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
+        prompts = [self.model.check_prompt(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
         check_int("max_tokens", max_tokens, minimum=1)  # everything checked before any request is added
         request_ids = []
         for prompt in prompts:

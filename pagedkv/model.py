@@ -243,7 +243,7 @@ class LlamaForCausalLM(nn.Module):
             positions = torch.arange(input_ids.shape[-1]).expand(input_ids.shape)
         return self.lm_head(self.model(input_ids, positions, kv))
 
-    def check_token_ids(self, name: str, token_ids) -> list[int]:
+    def check_prompt(self, name: str, token_ids) -> list[int]:
         """Token ids as ints, each inside the vocabulary."""
         tokens = check_token_ids(name, token_ids)
         bad = [t for t in tokens if not 0 <= t < self.config.vocab_size]
@@ -294,7 +294,7 @@ def generate_dense(model: LlamaForCausalLM, prompt_token_ids, max_tokens: int) -
     """Greedy decoding with a contiguous KV cache: the reference every paged run must equal."""
     if not isinstance(model, LlamaForCausalLM):
         raise PagedKVValueError(f"model must be a pagedkv LlamaForCausalLM, got {type(model).__name__}.")
-    tokens = model.check_token_ids("prompt_token_ids", prompt_token_ids)
+    tokens = model.check_prompt("prompt_token_ids", prompt_token_ids)
     max_tokens = check_int("max_tokens", max_tokens, minimum=1)
     kv = ContiguousKVCache()
     logits = model(torch.tensor(tokens), torch.arange(len(tokens)), kv)  # prefill: the whole prompt

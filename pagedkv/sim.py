@@ -157,6 +157,9 @@ class _Step:
     parts: tuple  # slots holding (token states, reservation, never used) over the running requests
     time: float  # the step's duration in decode-step times
     finished: int
+    preemptions: int = 0  # running totals so far (paged only)
+    recomputed_tokens: int = 0
+    swapped_blocks: int = 0
 
 
 def _serve_contiguous(pairs, budget: int, max_len: int, chunk_of, cost: CostModel):
@@ -189,7 +192,7 @@ def _serve_contiguous(pairs, budget: int, max_len: int, chunk_of, cost: CostMode
 
 
 def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostModel, preemption_mode: str,
-                 watermark: float, stats: dict):
+                 watermark: float):
     """vLLM-style serving: pagedkv's Scheduler over a BlockSpaceManager, one step at a time. Yields _Step."""
     manager = BlockSpaceManager(block_size, budget // block_size, num_cpu_blocks=budget // block_size,
                                 watermark=watermark)
@@ -217,10 +220,9 @@ def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostMo
         swapped_blocks = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
         saturated = len(scheduler.requests) > len(running)  # someone is waiting or swapped out
         finished = len(scheduler.update(out, dict.fromkeys(out.scheduled, 0)))
-        stats.update(preemptions=scheduler.num_preemptions, recomputed_tokens=scheduler.num_recomputed_tokens,
-                     swapped_blocks=scheduler.num_swapped_blocks)
         yield _Step(saturated, len(running), (tokens, future, used - tokens - future),
-                    cost.step_time(prefill_tokens, swapped_blocks, block_size), finished)
+                    cost.step_time(prefill_tokens, swapped_blocks, block_size), finished,
+                    scheduler.num_preemptions, scheduler.num_recomputed_tokens, scheduler.num_swapped_blocks)
 
 
 def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requests: int = 1000,
@@ -240,9 +242,8 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
     if max_len > budget_tokens:
         raise PagedKVValueError(f"budget_tokens ({budget_tokens}) must hold at least one max_len ({max_len}) "
                                 "request.")
-    stats = {}
     if policy == "paged":
-        steps = _serve_paged(pairs, budget_tokens, max_len, block_size, cost, preemption_mode, watermark, stats)
+        steps = _serve_paged(pairs, budget_tokens, max_len, block_size, cost, preemption_mode, watermark)
     else:
         chunk_of = {"reserve_max": lambda n: max_len, "reserve_pow2": lambda n: 1 << (n - 1).bit_length(),
                     "oracle": lambda n: n}[policy]
@@ -250,7 +251,7 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
 
     sums = dict.fromkeys(PARTS, 0.0)
     peak, saturated_time, running_time, finished_while_saturated, total_time = None, 0.0, 0.0, 0, 0.0
-    history, num_steps = [], 0
+    history, num_steps, step = [], 0, None
     bar = tqdm(total=len(pairs), desc=f"{policy} on {workload}", delay=1.0, disable=progress is False, leave=False)
     for step in steps:
         fractions = tuple(part / budget_tokens for part in step.parts)
@@ -274,8 +275,8 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
                                 f"waste to measure; use more requests or a smaller budget_tokens ({budget_tokens}).")
     return SimResult(policy, workload if lengths is None else "custom", budget_tokens,
                      {part: sums[part] / saturated_time for part in PARTS}, peak, running_time / saturated_time,
-                     1000 * finished_while_saturated / saturated_time, num_steps, stats.get("preemptions", 0),
-                     stats.get("recomputed_tokens", 0), stats.get("swapped_blocks", 0), total_time, history)
+                     1000 * finished_while_saturated / saturated_time, num_steps, step.preemptions,
+                     step.recomputed_tokens, step.swapped_blocks, total_time, history)
 
 
 def _pairs(lengths) -> list[tuple[int, int]]:
