@@ -41,7 +41,7 @@ class AllocStatus(enum.Enum):
     NEVER = "never"  # the prompt can never fit in this pool
 
 
-@dataclass
+@dataclass(slots=True)
 class _Sequence:
     token_ids: list
     block_table: list
@@ -201,10 +201,12 @@ class BlockSpaceManager:
         simply start a fresh block.
         """
         seq = self._get(seq_id)
-        self._require_device(seq_id, seq, "gpu", "append to it")
+        if seq.device != "gpu":
+            self._require_device(seq_id, seq, "gpu", "append to it")
         tokens = check_token_ids("token_ids", token_ids, allow_empty=True)
         fresh, copy = self._blocks_for_append(seq, len(tokens))
-        self._require_free("gpu", fresh + copy, f"append {len(tokens)} tokens to sequence {seq_id!r}")
+        if fresh + copy:  # most appends fill a slot of the last block and need no new block
+            self._require_free("gpu", fresh + copy, f"append {len(tokens)} tokens to sequence {seq_id!r}")
 
         copies = []
         if copy:

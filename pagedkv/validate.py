@@ -29,17 +29,18 @@ def check_int(name: str, value, minimum: int | None = None) -> int:
 
 def check_token_ids(name: str, token_ids, allow_empty: bool = False) -> list[int]:
     """A list of int token ids from any iterable of integer scalars (not a string, not nested)."""
+    if type(token_ids) is list and len(token_ids) == 1 and type(token_ids[0]) is int \
+            and INT64_MIN <= token_ids[0] <= INT64_MAX:
+        return list(token_ids)  # a decode step's one sampled token: the hottest call
     if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
         raise PagedKVValueError(f"{name} must be a list of integer token ids, got {token_ids!r}.")
     tokens = list(token_ids)
-    if len(tokens) == 1 and type(tokens[0]) is int and INT64_MIN <= tokens[0] <= INT64_MAX:
-        return tokens  # a decode step's single token: the hottest path
     if not tokens:
         if allow_empty:
             return tokens
         raise EmptyPromptError(f"{name} is empty; a request needs at least one token.")
-    if all(type(t) is int for t in tokens) and INT64_MIN <= min(tokens) and max(tokens) <= INT64_MAX:
-        return tokens  # the common case, checked without a Python loop per token
+    if set(map(type, tokens)) == {int} and INT64_MIN <= min(tokens) and max(tokens) <= INT64_MAX:
+        return tokens  # the common case: plain ints, checked at C speed
     items, tokens = tokens, []
     for i, token in enumerate(items):
         if hasattr(token, "item") and getattr(token, "ndim", 0) == 0:
