@@ -83,3 +83,11 @@ def test_scheduler_visualizer_buttons_call_the_methods():
     viz.mode.value = "swap"
     viz.buttons["reset"].click()
     assert viz.settings["preemption_mode"] == "swap" and viz.timeline.steps == []
+
+
+def test_scheduler_visualizer_refuses_bad_settings_at_construction():
+    from pagedkv import PagedKVError
+
+    for bad in ({"num_gpu_blocks": 0.5}, {"preemption_mode": "drop"}, {"block_size": -1}):
+        with pytest.raises(PagedKVError):
+            SchedulerVisualizer(**bad)

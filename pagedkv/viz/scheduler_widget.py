@@ -37,7 +37,8 @@ class SchedulerVisualizer:
                              preemption_mode=preemption_mode, watermark=watermark, num_requests=num_requests,
                              max_num_seqs=max_num_seqs, seed=seed)
         self._displayed = False
-        self.reset()
+        if not self.reset():
+            raise PagedKVValueError(self.message.removeprefix("reset failed: "))
         self._build_widgets()
         self.refresh()
 
