@@ -29,8 +29,8 @@ def savings(mode, width, dataset, requests, seed=0):
     shared = unshared = 0
     for i, (p, o) in enumerate(synthetic_lengths(dataset, requests, seed)):
         result = run_decoding(mode, width, synthetic_prompt(p, seed=i), o, block_size=16, seed=i)
-        shared += result.peak_shared
-        unshared += result.peak_unshared
+        shared += result.peak_in_use
+        unshared += result.peak_without_sharing
     return 1 - shared / unshared
 
 

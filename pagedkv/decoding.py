@@ -49,8 +49,8 @@ class StepStats:
 
     step: int
     num_seqs: int
-    blocks_shared: int  # GPU blocks in use, with sharing
-    blocks_unshared: int  # blocks if every sequence held its own copy of its tokens
+    blocks_in_use: int  # GPU blocks in use, with sharing
+    blocks_without_sharing: int  # blocks if every sequence held its own copy of its tokens
     cow_copies: int  # copy-on-write copies made in this step
     blocks_freed: int  # blocks returned to the free list by pruning in this step
 
@@ -62,21 +62,21 @@ class DecodeResult:
     steps: list = field(default_factory=list)
 
     @property
-    def peak_shared(self) -> int:
-        return max(s.blocks_shared for s in self.steps)
+    def peak_in_use(self) -> int:
+        return max(s.blocks_in_use for s in self.steps)
 
     @property
-    def peak_unshared(self) -> int:
-        return max(s.blocks_unshared for s in self.steps)
+    def peak_without_sharing(self) -> int:
+        return max(s.blocks_without_sharing for s in self.steps)
 
     @property
     def savings(self) -> float:
         """``1 - peak blocks with sharing / peak blocks without``."""
-        return 1 - self.peak_shared / self.peak_unshared
+        return 1 - self.peak_in_use / self.peak_without_sharing
 
     def table(self) -> str:
-        rows = [f"{'step':>4} {'seqs':>4} {'shared':>6} {'unshared':>8} {'CoW':>4} {'freed':>5}"]
-        rows += [f"{s.step:>4} {s.num_seqs:>4} {s.blocks_shared:>6} {s.blocks_unshared:>8} {s.cow_copies:>4} "
+        rows = [f"{'step':>4} {'seqs':>4} {'in use':>6} {'without sharing':>15} {'CoW':>4} {'freed':>5}"]
+        rows += [f"{s.step:>4} {s.num_seqs:>4} {s.blocks_in_use:>6} {s.blocks_without_sharing:>15} {s.cow_copies:>4} "
                  f"{s.blocks_freed:>5}" for s in self.steps]
         return "\n".join(rows)
 
@@ -260,7 +260,7 @@ def synthetic_prompt(prompt_len: int, seed: int = 0, vocab_size: int = 64) -> li
 
 def sharing_savings(mode: str, width: int, prompt_len: int, output_len: int, block_size: int = 16,
                     seed: int = 0) -> float:
-    """Fraction of KV blocks sharing saves at the peak: ``1 - peak shared / peak unshared``."""
+    """Fraction of KV blocks sharing saves at the peak: ``1 - peak in use / peak without sharing``."""
     check_int("prompt_len", prompt_len, minimum=1)
     check_int("seed", seed, minimum=0)
     prompt = synthetic_prompt(prompt_len, seed)

@@ -26,7 +26,7 @@ def test_beam_search_keeps_contents_and_invariants_every_step(width):
     for _ in range(12):
         stats = search.step()
         check_contents(search, c)
-        assert stats.num_seqs == width and stats.blocks_shared <= stats.blocks_unshared
+        assert stats.num_seqs == width and stats.blocks_in_use <= stats.blocks_without_sharing
     search.finish()
     assert c.manager.num_free_gpu_blocks == c.manager.num_total_gpu_blocks  # nothing leaked
 
@@ -34,7 +34,7 @@ def test_beam_search_keeps_contents_and_invariants_every_step(width):
 def test_parallel_sampling_keeps_contents():
     c = cache()
     sampler = ParallelSampler(c, synthetic_prompt(9), n=3, seed=1)
-    assert sampler.steps[0].blocks_shared == 3 and sampler.steps[0].blocks_unshared == 9
+    assert sampler.steps[0].blocks_in_use == 3 and sampler.steps[0].blocks_without_sharing == 9
     first = sampler.step()
     assert first.cow_copies == 2  # the shared partial block: copied for two samples, the last writes in place
     for _ in range(6):

@@ -4,17 +4,22 @@ The "cuda" backend runs in numba's CUDA simulator on machines without a GPU
 (one Python thread per CUDA thread), so its cases stay tiny.
 """
 
+import importlib
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from numba import float32
 
 from pagedkv import BlockTableError, ShapeError, paged_attention, reference_paged_attention
-from pagedkv.kernels import CUDA_MODE, gather_kv
+from pagedkv.kernels import CUDA_MODE, gather_kv  # first: sets the CUDA mode before numba.cuda is imported
 from pagedkv.kernels.ptx import fp64_lines
+
+cuda = importlib.import_module("numba.cuda")  # only after pagedkv, which chooses the simulator or a real GPU
 
 ON_GPU = not CUDA_MODE.simulator
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
@@ -248,3 +253,33 @@ def test_child_processes_detect_afresh():
     r = run_python("import os, subprocess, sys, pagedkv; "
                    "subprocess.run([sys.executable, '-c', 'import pagedkv'], check=True)")
     assert r.stderr.count("numba.cuda kernels run in numba's CUDA simulator") == 2
+
+
+@cuda.jit
+def neighbours(out):
+    """Each thread writes its slot of a shared array, then reads its neighbour's after a barrier."""
+    buf = cuda.shared.array(32, float32)
+    t = cuda.threadIdx.x
+    buf[t] = t
+    cuda.syncthreads()
+    out[cuda.blockIdx.x, t] = buf[(t + 1) % 32]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the race is in numba-cuda's CUDA simulator")
+def test_simulator_shared_arrays_are_shared_by_every_thread_of_a_block():
+    """numba-cuda's simulator can hand two threads of one block different "shared" arrays (an unlocked
+    check-then-insert; pagedkv.kernels.simfix locks it). Unpatched, about 1 launch in 75 of this kernel
+    goes wrong with frequent thread switches; 150 launches catch the race almost surely."""
+    from numba.cuda.simulator import kernelapi
+
+    assert getattr(kernelapi.FakeCUDAShared.array, "pagedkv_locked", False)
+    expected = np.tile((np.arange(32) + 1) % 32, (4, 1))
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race needs a switch mid-allocation
+    try:
+        for _ in range(150):
+            out = np.zeros((4, 32), np.float32)
+            neighbours[4, 32](out)
+            assert np.array_equal(out, expected)
+    finally:
+        sys.setswitchinterval(previous)

@@ -15,6 +15,11 @@ from .cuda import paged_attention_cuda  # noqa: E402
 from .reference import gather_kv, reference_paged_attention  # noqa: E402
 from .validate import check_attention_args  # noqa: E402
 
+if CUDA_MODE.simulator:
+    from .simfix import make_simulator_shared_arrays_thread_safe  # noqa: E402
+
+    make_simulator_shared_arrays_thread_safe()  # a numba-cuda simulator race; see simfix.py
+
 
 def resolve_backend(backend: str = "auto") -> str:
     """``"auto"`` is ``"cuda"`` on a real GPU and the numba CPU twin otherwise."""

@@ -296,7 +296,8 @@ def _empty(shape, like: torch.Tensor):
 @contextlib.contextmanager
 def _fast_thread_switching(simulator: bool):
     """The simulator runs one Python thread per CUDA thread and waits at every barrier for all of
-    them; handing the GIL over every 0.1 ms instead of 5 ms makes a launch several times faster."""
+    them; handing the GIL over every 0.1 ms instead of 5 ms makes a launch several times faster.
+    (Frequent switches also expose a race in the simulator's shared arrays, which ``simfix`` locks.)"""
     previous = sys.getswitchinterval()
     if simulator:
         sys.setswitchinterval(1e-4)

@@ -83,8 +83,8 @@ def beam_search_figure():
     result = run_decoding("beam", 4, synthetic_prompt(30), output_len=40, block_size=4)
     steps = [s.step for s in result.steps]
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.plot(steps, [s.blocks_unshared for s in result.steps], color="#D55E00", label="without sharing")
-    ax.plot(steps, [s.blocks_shared for s in result.steps], color="#0072B2", label="with fork + copy-on-write")
+    ax.plot(steps, [s.blocks_without_sharing for s in result.steps], color="#D55E00", label="without sharing")
+    ax.plot(steps, [s.blocks_in_use for s in result.steps], color="#0072B2", label="with fork + copy-on-write")
     ax.set_xlabel("decoding step")
     ax.set_ylabel("KV blocks in use")
     ax.set_title(f"Beam search, width 4: {result.savings:.0%} fewer blocks at the peak")

@@ -148,8 +148,8 @@ class BlockTableVisualizer:
                                        self.beam_width, id_prefix="beam")
                 return [b for s in self.beam.tokens for b in self.manager.get_block_table(s)]
             stats = self.beam.step()
-            self.message = (f"beam step {stats.step}: {stats.blocks_shared} blocks shared vs "
-                            f"{stats.blocks_unshared} unshared, {stats.cow_copies} copies, "
+            self.message = (f"beam step {stats.step}: {stats.blocks_in_use} blocks in use (without sharing: "
+                            f"{stats.blocks_without_sharing}), {stats.cow_copies} copies, "
                             f"{stats.blocks_freed} freed by pruning")
             return [self.manager.get_block_table(s)[-1] for s in self.beam.tokens]
 
