@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from pagedkv import BlockSpaceManager  # noqa: E402
-from pagedkv.viz import BlockTableVisualizer, draw_block_map  # noqa: E402
+from pagedkv.viz import BlockTableVisualizer, draw_block_map, seq_colors  # noqa: E402
 from pagedkv.viz.figures import FIGURES, make_all_figures  # noqa: E402
 
 
@@ -135,3 +135,23 @@ def test_figures_regenerate_deterministically(tmp_path):
     second = make_all_figures(tmp_path / "b")
     assert [p.name for p in first] == list(FIGURES)
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(first, second))
+
+
+def test_buttons_wait_for_a_sequence_and_news_is_not_an_error():
+    v = BlockTableVisualizer(block_size=4, num_gpu_blocks=16)
+    assert all(v.buttons[b].disabled for b in ("append", "fork", "free", "swap out", "swap in"))
+    assert v.buttons["append"].tooltip == "add a sequence first" and not v.buttons["add sequence"].disabled
+    v.add_sequence(5)
+    assert not any(v.buttons[b].disabled for b in ("append", "fork", "free", "swap out", "swap in"))
+    assert v.beam_step(5) and v.beam_step(5) and "blocks in use" in v.message
+    assert "color:#B00" not in v.message_html.value  # a beam step's news is not shown as an error
+    v.free("A")
+    assert not v.buttons["append"].disabled  # the beam's sequences are still there
+
+
+def test_more_than_ten_sequences_get_distinct_colours():
+    m = BlockSpaceManager(block_size=2, num_gpu_blocks=40)
+    for i in range(18):
+        m.allocate(f"s{i}", [i, i])
+    colors = list(seq_colors(m.snapshot()).values())
+    assert len(set(colors)) == 18

@@ -20,7 +20,10 @@ from ..state import ManagerState
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
 PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999933",
-           "#882255", "#44AA99"]
+           "#882255", "#44AA99",
+           # past 10 sequences: Paul Tol's muted and light schemes, still distinct from the first ten
+           "#332288", "#88CCEE", "#117733", "#DDCC77", "#CC6677", "#AA4499", "#77AADD", "#EE8866", "#BBCC33",
+           "#FFAABB"]
 FREE, CACHED, EDGE, HIGHLIGHT = "#EEEEEE", "#D9D9D9", "#555555", "#CC0000"
 
 

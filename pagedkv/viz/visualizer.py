@@ -23,6 +23,8 @@ from ..paged_cache import PagedKVCache
 from ..validate import check_int
 from .block_map import draw_block_map
 
+SEQUENCE_ACTIONS = ("append", "fork", "free", "swap out", "swap in")
+
 
 def counters(state) -> dict:
     """Live figures shown under the map, computed from a snapshot."""
@@ -42,7 +44,7 @@ class BlockTableVisualizer:
                              watermark=watermark, enable_prefix_caching=enable_prefix_caching)
         self.beam_width = beam_width
         self.rng = random.Random(seed)
-        self.message = ""
+        self.message, self.message_is_error = "", False
         self.log: list[str] = []
         self.last_touched: list = []
         self._displayed = False  # draw into the Output widget only once it is on screen
@@ -76,11 +78,11 @@ class BlockTableVisualizer:
 
     def _act(self, description: str, action) -> bool:
         """Run one action; on a pagedkv error keep the state and show the message instead."""
-        self.message = ""  # an action may set an informative message of its own
+        self.message, self.message_is_error = "", False  # an action may set an informative message of its own
         try:
             touched = action()
         except PagedKVError as error:
-            self.message = f"{description} failed: {error}"
+            self.message, self.message_is_error = f"{description} failed: {error}", True
             self.refresh()
             return False
         self.last_touched = list(touched or [])
@@ -167,7 +169,7 @@ class BlockTableVisualizer:
                 raise PagedKVValueError(f"unknown settings {unknown}; use {sorted(self.settings)}.")
             cache = self._new_cache(new)
         except PagedKVError as error:
-            self.message = f"reset failed: {error}"
+            self.message, self.message_is_error = f"reset failed: {error}", True
             self.refresh()
             return False
         self.settings = new
@@ -211,13 +213,14 @@ class BlockTableVisualizer:
                                   indent=False)
         self.counters_html = w.HTML()
         self.message_html = w.HTML()
-        self.log_area = w.Textarea(disabled=True, layout=w.Layout(width="100%", height="90px"))
+        self.log_area = w.Textarea(disabled=True, layout=w.Layout(width="auto", height="90px"))
         self.output = w.Output()
         b = self.buttons
         self.widget = w.VBox([
             w.HBox([self.prompt_len, self.reuse, b["add sequence"], self.seq_menu, self.num_tokens]),
             w.HBox([b["append"], b["fork"], b["free"], b["swap out"], b["swap in"], b["beam step"], b["reset"]]),
-            self.message_html, self.counters_html, self.output, self.log_area,
+            self.message_html, self.counters_html, self.output,
+            w.VBox([w.HTML("<b>log</b> (newest first)"), self.log_area], layout=w.Layout(padding="0 4px 4px 0")),
             w.Accordion([w.HBox([self.block_size, self.gpu_blocks, self.cpu_blocks, self.watermark, self.caching])],
                         titles=("settings (applied on reset)",)),
         ])
@@ -244,14 +247,18 @@ class BlockTableVisualizer:
             self.seq_menu.value = wanted if wanted in state.tables else list(state.tables)[-1]
         self._select = None
         self.counters_html.value = f"<code class='pagedkv-counters'>{html.escape(self.counters_text())}</code>"
-        self.message_html.value = (f"<span class='pagedkv-message' style='color:#B00'>{html.escape(self.message)}"
-                                   "</span>" if self.message else "")
+        color = "#B00" if self.message_is_error else "#1A5E20"  # errors red, news green
+        self.message_html.value = (f"<span class='pagedkv-message' style='color:{color}'>"
+                                   f"{html.escape(self.message)}</span>" if self.message else "")
+        for label in SEQUENCE_ACTIONS:  # nothing to act on until a sequence exists
+            self.buttons[label].disabled = not state.tables
+            self.buttons[label].tooltip = "" if state.tables else "add a sequence first"
         self.log_area.value = "\n".join(reversed(self.log[-50:]))
         if not self._displayed:
             return
         with self.output:
             self.output.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(9, 4.5))
+            fig, ax = plt.subplots(figsize=(9, min(3.4 + 0.3 * len(state.tables), 12)))  # room for every table
             draw_block_map(state, ax=ax, highlight=self.last_touched)
             plt.show()
 
