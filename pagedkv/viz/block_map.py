@@ -24,7 +24,7 @@ PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#C
            # past 10 sequences: Paul Tol's muted and light schemes, still distinct from the first ten
            "#332288", "#88CCEE", "#117733", "#DDCC77", "#CC6677", "#AA4499", "#77AADD", "#EE8866", "#BBCC33",
            "#FFAABB"]
-FREE, CACHED, EDGE, HIGHLIGHT = "#EEEEEE", "#D9D9D9", "#555555", "#CC0000"
+FREE, CACHED, EDGE, HIGHLIGHT, SOURCE = "#F4F4F4", "#C9C9C9", "#555555", "#CC0000", "#7B3294"
 
 
 def seq_colors(state: ManagerState) -> dict:
@@ -37,11 +37,12 @@ def _grid_columns(num_blocks: int) -> int:
 
 
 def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None = None,
-                   show_tables: bool = True, labels: bool | None = None):
+                   show_tables: bool = True, labels: bool | None = None, sources=()):
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
 
-    ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline, e.g.
-    the blocks the last event touched.  ``labels`` (default: on up to 128 blocks
+    ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline in red, e.g.
+    the blocks the last event touched; ``sources``: blocks to outline in purple, e.g. the
+    source of a copy-on-write copy.  ``labels`` (default: on up to 128 blocks
     in all) prints ids, ref counts and free positions in the cells; without them
     each block table is a bar of entries and its length.  Rectangles go into two collections
     (fills, outlines), which keeps a 256-block redraw fast.
@@ -51,6 +52,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
                                 "manager.snapshot() (or cache.snapshot()).")
     colors = seq_colors(state)
     marked = {h if isinstance(h, tuple) else ("gpu", h) for h in highlight}
+    copied = {h if isinstance(h, tuple) else ("gpu", h) for h in sources}
     pools = [d for d, n in (("gpu", state.num_gpu_blocks), ("cpu", state.num_cpu_blocks)) if n]
     labels = labels if labels is not None else len(state.blocks) <= 128
     cols = {d: _grid_columns(len(state.device_blocks(d))) for d in pools}
@@ -70,8 +72,9 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         for b in blocks:
             x, y = x0 + b.block_id % cols[device], b.block_id // cols[device]
             _cell(ax, b, x, y, state.block_size, colors, fills, labels)
-            marked_cell = (device, b.block_id) in marked
-            outlines.add(x, y, CELL, CELL, HIGHLIGHT if marked_cell else EDGE, 2.2 if marked_cell else 0.6)
+            key = (device, b.block_id)
+            color = HIGHLIGHT if key in marked else SOURCE if key in copied else EDGE
+            outlines.add(x, y, CELL, CELL, color, 0.6 if color == EDGE else 2.2)
         x0 += cols[device] + 1
     if table_rows:
         _tables(ax, state, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels)
@@ -151,6 +154,41 @@ def _tables(ax, state, colors, top, fills, outlines, labels):
             fills.add(i, y + 0.1, CELL, 0.8, color)
             outlines.add(i, y + 0.1, CELL, 0.8, EDGE, 0.6)
             ax.text(i + 0.45, y + 0.5, f"{block_id}{suffix}", ha="center", va="center", fontsize=7, zorder=4)
+
+
+def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
+                      ncol: int = 4):
+    """A key under the figure for every mark a block map uses (and the optional outlines given)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    def blank(label):
+        return Line2D([], [], linestyle="none", label=label)
+
+    handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE,
+                     label="a sequence's block: dark part = slots holding tokens"),
+               Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale part = empty slots"),
+               Patch(facecolor=FREE, edgecolor=EDGE, label="free block"),
+               blank("stripes, xN: shared by N sequences (ref count N)"),
+               blank("#n: place in the free queue (#0 is handed out next)"),
+               blank("small number: physical block id")]
+    if cached:
+        handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash until evicted")]
+    if highlight:
+        handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
+    if source:
+        handles.append(Patch(facecolor="none", edgecolor=SOURCE, linewidth=2, label=source))
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False, handlelength=1.4,
+               bbox_to_anchor=(0.5, -0.02))
+
+
+def align_panels(axes) -> None:
+    """Give every block-map panel the same extent, so cells have one size and the grids line up."""
+    xs = [ax.get_xlim() for ax in axes]
+    ys = [ax.get_ylim() for ax in axes]
+    for ax in axes:
+        ax.set_xlim(min(x[0] for x in xs), max(x[1] for x in xs))
+        ax.set_ylim(max(y[0] for y in ys), min(y[1] for y in ys))
 
 
 def _lighter(hex_color: str, amount: float = 0.6) -> tuple:

@@ -15,12 +15,13 @@ matplotlib.use("Agg")  # figures are files: no window, no notebook needed
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from ..decoding import run_decoding, synthetic_prompt  # noqa: E402
 from ..manager import BlockSpaceManager  # noqa: E402
 from ..scheduler import Scheduler  # noqa: E402
 from ..sim import PARTS, simulate  # noqa: E402
-from .block_map import draw_block_map  # noqa: E402
+from .block_map import add_block_map_key, align_panels, draw_block_map  # noqa: E402
 from .scheduler_widget import stand_in_model  # noqa: E402
 from .timeline import Timeline, draw_timeline  # noqa: E402
 
@@ -29,16 +30,20 @@ def copy_on_write_figure():
     """Three moments: a prompt, the fork (shared, x2), the child's append (copy-on-write)."""
     m = BlockSpaceManager(block_size=4, num_gpu_blocks=12)
     m.allocate("parent", range(6))
-    states = [("1. a 6-token prompt", m.snapshot(), [])]
+    states = [("1. a 6-token prompt", m.snapshot(), [], [])]
     m.fork("parent", "child")
-    states.append(("2. fork: every block shared (x2)", m.snapshot(), []))
+    states.append(("2. fork: every block shared (x2)", m.snapshot(), [], []))
     (src, dst), = m.append_slots("child", [100])
-    states.append((f"3. child appends: block {src} copied to {dst}", m.snapshot(), [dst]))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-    for ax, (title, state, highlight) in zip(axes, states):
-        draw_block_map(state, ax=ax, title=title, highlight=highlight)
-    fig.suptitle("Copy-on-write: forked sequences share blocks until one writes into a shared, partly filled block")
-    fig.tight_layout()
+    states.append((f"3. child appends: block {src} copied to {dst}", m.snapshot(), [dst], [src]))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    for ax, (title, state, highlight, sources) in zip(axes, states):
+        draw_block_map(state, ax=ax, title=title, highlight=highlight, sources=sources)
+    align_panels(axes)
+    fig.suptitle("Copy-on-write (block_size 4): forked sequences share blocks until one writes into a shared, "
+                 "partly filled block")
+    add_block_map_key(fig, highlight="copy-on-write copy: the child's new private block",
+                      source="its source: the shared block, now the parent's alone", ncol=3)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
 
@@ -51,29 +56,38 @@ def prefix_caching_figure():
     live = m.snapshot()
     for i in range(3):
         m.free(f"req{i}")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    draw_block_map(live, ax=axes[0], title="3 requests share a cached 3-block system prompt")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    draw_block_map(live, ax=axes[0], title="3 requests (17-token prompts) share a cached 3-block system prompt")
     draw_block_map(m.snapshot(), ax=axes[1], title="all freed: named blocks stay cached (#n = queue order)")
-    fig.tight_layout()
+    align_panels(axes)
+    fig.suptitle("Prefix caching (block_size 4): full blocks named by a chained hash, reused across requests")
+    add_block_map_key(fig, cached=True, ncol=3)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
 
 
 def memory_waste_figure(num_requests: int = 600):
     """The vLLM paper's Fig. 2 reproduced: where KV memory goes under four policies."""
     paper = {"reserve_max": 0.204, "reserve_pow2": 0.268, "oracle": 0.382, "paged": 0.963}
+    names = ["reserve the\nmaximum (2,048)", "reserve the next\npower of two", "reserve exactly\n(an oracle)",
+             "paged\n(16-token blocks)"]
     colors = ["#009E73", "#F0E442", "#D55E00", "#999999"]
     results = {p: simulate(p, "sharegpt", num_requests=num_requests, progress=False).breakdown for p in paper}
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
     bottom = np.zeros(len(paper))
     for part, color in zip(PARTS, colors):
         values = np.array([100 * results[p][part] for p in paper])
-        ax.bar(list(paper), values, bottom=bottom, color=color, label=part.replace("_", " "))
+        ax.bar(names, values, bottom=bottom, color=color, label=part.replace("_", " "))
         bottom += values
-    ax.scatter(list(paper), [100 * v for v in paper.values()], marker="_", s=700, color="black",
-               label="paper: token states")
+    ax.scatter(names, [100 * v for v in paper.values()], marker="_", s=900, linewidths=2, color="black")
     ax.set_ylabel("% of KV memory")
-    ax.set_title("Where KV memory goes (ShareGPT-like workload)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.set_ylim(0, 100)
+    ax.tick_params(axis="x", labelsize=9)
+    ax.set_title(f"Where KV memory goes: {num_requests} ShareGPT-like requests, 15,700 token slots", fontsize=10)
+    handles, _ = ax.get_legend_handles_labels()
+    handles = handles[::-1] + [Line2D([], [], color="black", linewidth=2, label="the paper's token states")]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False,
+              borderaxespad=0)
     fig.tight_layout()
     return fig
 
@@ -124,14 +138,16 @@ FIGURES = {
 
 
 def make_all_figures(out="figures/") -> list[Path]:
-    """Write every figure into ``out``; returns the paths."""
+    """Write every figure into ``out``, as PNG and as SVG; returns the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+    plt.rcParams["svg.hashsalt"] = "pagedkv"  # SVG element ids from a fixed salt: same bytes every run
     for name, make in FIGURES.items():
         fig = make()
-        path = out / name
-        fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+        png, svg = out / name, (out / name).with_suffix(".svg")
+        fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
+        fig.savefig(svg, bbox_inches="tight", metadata={"Date": None, "Creator": None})
         plt.close(fig)
-        paths.append(path)
+        paths += [png, svg]
     return paths
