@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pagedkv-installed
 
-.PHONY: lab test lint figures bench clean
+.PHONY: lab test lint figures bench visualizer clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+visualizer: $(STAMP)
+	$(PY) -m pagedkv visualize
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)

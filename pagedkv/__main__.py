@@ -1,4 +1,4 @@
-"""Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/]``."""
+"""Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | visualize``."""
 
 from __future__ import annotations
 
@@ -78,6 +78,22 @@ def labs(notebooks: str, out: str) -> int:
     return 0
 
 
+def visualize(port: int, open_browser: bool) -> int:
+    """Serve the block-table visualizer as a page with no code cells (Voila), on this machine only."""
+    import importlib.util
+
+    if importlib.util.find_spec("voila") is None:
+        return fail("the visualizer app needs Voila: pip install 'pagedkv[viz]' (or run make visualizer).")
+    app = Path(__file__).parent / "viz" / "app.ipynb"
+    command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
+               "--show_tracebacks=False"]
+    if not open_browser:
+        command.append("--no-browser")
+    print(f"pagedkv visualizer: http://127.0.0.1:{port}/  (Ctrl-C stops it)", flush=True)
+    os.environ.setdefault("PAGEDKV_QUIET", "1")
+    os.execv(sys.executable, command)  # Voila replaces this process: Ctrl-C and signals reach it directly
+
+
 def _is_generated_lab(path: Path) -> bool:
     import json
 
@@ -96,7 +112,12 @@ def main(argv=None) -> int:
     lab = commands.add_parser("labs", help="write the students' exercise notebooks from the solution notebooks")
     lab.add_argument("--out", default="labs/", help="output folder (default: labs/)")
     lab.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
+    viz = commands.add_parser("visualize", help="serve the block-table visualizer as a web app (Voila) on 127.0.0.1")
+    viz.add_argument("--port", type=int, default=8866, help="port on 127.0.0.1 (default: 8866)")
+    viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
     args = parser.parse_args(argv)
+    if args.command == "visualize":
+        return visualize(args.port, not args.no_browser)
     if args.command == "info":
         return info()
     if args.command == "labs":

@@ -8,40 +8,17 @@ token, and the server and the browser are shut down even when the test fails.
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = os.environ.get("PAGEDKV_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, free_port, stop, wait_for_server
+
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_block_table_visualizer.ipynb"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]
 
 pytestmark = pytest.mark.browser
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_server(url: str, server: subprocess.Popen, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with code {server.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"JupyterLab did not answer at {url} within {timeout} s")
 
 
 @pytest.fixture
@@ -62,12 +39,7 @@ def jupyterlab(tmp_path):
         wait_for_server(f"{base}/api/status?token={token}", server)
         yield base, token
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
         log.close()
 
 
