@@ -55,6 +55,12 @@ class FreeBlockQueue:
         block.next_free, self._tail.prev_free = self._tail, block
         self.num_free_blocks += 1
 
+    def appendleft(self, block: KVBlock) -> None:
+        first = self._head.next_free
+        self._head.next_free, block.prev_free = block, self._head
+        block.next_free, first.prev_free = first, block
+        self.num_free_blocks += 1
+
     def popleft(self) -> KVBlock:
         if self.num_free_blocks == 0:
             raise NoFreeBlocksError("no free blocks are left; free a sequence or swap one out first.")
@@ -112,8 +118,11 @@ class BlockAllocator:
         block.ref_count += 1
         return block.ref_count
 
-    def free(self, block_id: int) -> int:
-        """One user fewer; at 0 the block joins the tail of the free queue. Returns the new count."""
+    def free(self, block_id: int, to_front: bool = False) -> int:
+        """One user fewer; at 0 the block joins the tail of the free queue (the front if ``to_front``).
+
+        Returns the new count.
+        """
         block = self._block(block_id)
         if block.ref_count == 0:
             raise DoubleFreeError(
@@ -122,7 +131,7 @@ class BlockAllocator:
             )
         block.ref_count -= 1
         if block.ref_count == 0:
-            self.free_queue.append(block)
+            (self.free_queue.appendleft if to_front else self.free_queue.append)(block)
         return block.ref_count
 
     def refcount(self, block_id: int) -> int:

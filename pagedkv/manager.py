@@ -54,7 +54,10 @@ class BlockSpaceManager:
     """Maps each sequence's logical blocks to physical blocks on the GPU or CPU."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
-                 watermark: float = 0.01, enable_prefix_caching: bool = False):
+                 watermark: float = 0.01, enable_prefix_caching: bool = False, unnamed_blocks_first: bool = False):
+        """``unnamed_blocks_first``: with prefix caching, a freed block that has no name goes to the *front* of
+        the free queue, to be reused before any cached block (newer vLLM's order); by default every freed
+        block joins the tail, as in vLLM v1's first versions."""
         if isinstance(watermark, bool) or not isinstance(watermark, Real) or not 0 <= watermark < 1:
             raise PagedKVValueError(f"watermark must be a number in [0, 1) (the fraction of GPU blocks kept free "
                                     f"for appends; vLLM's default is 0.01), got {watermark!r}.")
@@ -69,6 +72,7 @@ class BlockSpaceManager:
         self.allocators = {"gpu": BlockAllocator(num_gpu_blocks, block_size),
                            "cpu": BlockAllocator(num_cpu_blocks, block_size)}
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.unnamed_blocks_first = bool(unnamed_blocks_first)
         self._seqs: dict = {}
 
     # ------------------------------------------------------------------ queries
@@ -242,8 +246,9 @@ class BlockSpaceManager:
         """Release the sequence's blocks tail first, so shared prefixes stay cached longest."""
         seq = self._get(seq_id)
         allocator = self.allocators[seq.device]
+        named = self.prefix_cache.block_to_hash if self.prefix_cache and seq.device == "gpu" else {}
         for block_id in reversed(seq.block_table):
-            allocator.free(block_id)
+            allocator.free(block_id, to_front=self.unnamed_blocks_first and block_id not in named)
         del self._seqs[seq_id]
 
     # ------------------------------------------------------------------- swap

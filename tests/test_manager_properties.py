@@ -13,10 +13,12 @@ TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=12)  # few distinct id
 
 class ManagerMachine(RuleBasedStateMachine):
     caching = False
+    unnamed_first = False
 
     @initialize(block_size=st.sampled_from([1, 2, 4]), gpu=st.integers(1, 12), cpu=st.integers(0, 6))
     def setup(self, block_size, gpu, cpu):
-        self.m = BlockSpaceManager(block_size, gpu, cpu, watermark=0.0, enable_prefix_caching=self.caching)
+        self.m = BlockSpaceManager(block_size, gpu, cpu, watermark=0.0, enable_prefix_caching=self.caching,
+                                   unnamed_blocks_first=self.unnamed_first)
         self.tokens = {}  # seq_id -> the tokens we gave it
         self.next_id = 0
 
@@ -110,7 +112,14 @@ class CachingManagerMachine(ManagerMachine):
     caching = True
 
 
+class UnnamedFirstManagerMachine(ManagerMachine):
+    caching = True
+    unnamed_first = True
+
+
 TestManagerMachine = ManagerMachine.TestCase
 TestManagerMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 TestCachingManagerMachine = CachingManagerMachine.TestCase
 TestCachingManagerMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+TestUnnamedFirstManagerMachine = UnnamedFirstManagerMachine.TestCase
+TestUnnamedFirstManagerMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

@@ -150,3 +150,14 @@ def test_exact_block_multiples(n):
     m.allocate("a", list(range(n)))
     m.allocate("b", list(range(n)))
     assert m.num_cached_tokens("b") == (n // 16) * 16
+
+
+def test_unnamed_blocks_can_go_to_the_front_of_the_free_queue():
+    """Newer vLLM's order: a freed block with no name is reused before any cached one."""
+    for first, expected in ((False, [3, 4, 5, 2, 1, 0]), (True, [2, 3, 4, 5, 1, 0])):
+        m = BlockSpaceManager(4, 6, watermark=0.0, enable_prefix_caching=True, unnamed_blocks_first=first)
+        m.allocate("r", range(10))  # blocks 0 and 1 full (named), block 2 partial (no name)
+        m.free("r")
+        assert m.free_block_ids() == expected
+        m.allocate("s", range(8))  # the cached prefix still hits in both orders
+        assert m.num_cached_tokens("s") == 8
