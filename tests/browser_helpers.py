@@ -1,5 +1,6 @@
 """What the browser tests share: Debian's Chromium, a free port on 127.0.0.1, starting and stopping a server."""
 
+import contextlib
 import os
 import shutil
 import socket
@@ -18,18 +19,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_server(url: str, server: subprocess.Popen, timeout: float = 90) -> None:
-    """Until ``url`` answers; a server that exits or never answers is an error that says so."""
+def wait_until(ready, server: subprocess.Popen, what: str, timeout: float = 90) -> None:
+    """Poll ``ready()`` until it succeeds; a server that exits or never gets ready is an error that says so."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with code {server.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
+            ready()
+            return
         except OSError:
             time.sleep(0.5)
-    raise TimeoutError(f"the server did not answer at {url} within {timeout} s")
+    raise TimeoutError(f"{what} within {timeout} s")
+
+
+def wait_for_server(url: str, server: subprocess.Popen, timeout: float = 90) -> None:
+    """Until ``url`` answers."""
+    wait_until(lambda: urllib.request.urlopen(url, timeout=2).close(), server, f"no answer at {url}", timeout)
 
 
 def stop(server: subprocess.Popen) -> None:
@@ -44,13 +50,20 @@ def stop(server: subprocess.Popen) -> None:
 
 def wait_for_port(port: int, server: subprocess.Popen, timeout: float = 90) -> None:
     """Until 127.0.0.1:port accepts a connection (for servers whose pages are costly to fetch)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with code {server.returncode}")
+    wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close(), server,
+               f"nothing listened on 127.0.0.1:{port}", timeout)
+
+
+@contextlib.contextmanager
+def chromium_page(sync_api, tmp_path, viewport):
+    """A page in Debian's Chromium; on failure a screenshot lands in tmp_path/failure.png; always closed."""
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=viewport)
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout} s")
+            yield page
+        except Exception:
+            page.screenshot(path=str(tmp_path / "failure.png"))  # look here when it fails
+            raise
+        finally:
+            browser.close()

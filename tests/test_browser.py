@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, CHROMIUM_ARGS, free_port, stop, wait_for_server
+from browser_helpers import CHROMIUM, chromium_page, free_port, stop, wait_for_server
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_block_table_visualizer.ipynb"
 
@@ -48,44 +48,36 @@ def test_visualizer_reacts_to_clicks(jupyterlab, tmp_path):
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
     base, token = jupyterlab
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
-            page.wait_for_selector(".jp-NotebookPanel", timeout=90_000)
-            select_kernel = page.locator(".jp-Dialog button:has-text('Select')")
-            try:  # JupyterLab may ask which kernel to start; the notebook's own (python3) is preselected
-                select_kernel.click(timeout=15_000)
-            except sync_api.TimeoutError:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            page.click("div.lm-MenuBar-itemLabel:text-is('Run')")
-            page.click("li.lm-Menu-item:has-text('Run All Cells')")
-            counters = page.locator(".pagedkv-counters")
-            counters.wait_for(timeout=120_000)
-            drawing = page.locator(".widget-output img").first
-            drawing.wait_for(timeout=60_000)
-            assert "blocks used 0/24" in counters.inner_text()
-            before_img = drawing.get_attribute("src")
+    with chromium_page(sync_api, tmp_path, viewport={"width": 1400, "height": 1000}) as page:
+        page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+        page.wait_for_selector(".jp-NotebookPanel", timeout=90_000)
+        select_kernel = page.locator(".jp-Dialog button:has-text('Select')")
+        try:  # JupyterLab may ask which kernel to start; the notebook's own (python3) is preselected
+            select_kernel.click(timeout=15_000)
+        except sync_api.TimeoutError:
+            pass
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.click("div.lm-MenuBar-itemLabel:text-is('Run')")
+        page.click("li.lm-Menu-item:has-text('Run All Cells')")
+        counters = page.locator(".pagedkv-counters")
+        counters.wait_for(timeout=120_000)
+        drawing = page.locator(".widget-output img").first
+        drawing.wait_for(timeout=60_000)
+        assert "blocks used 0/24" in counters.inner_text()
+        before_img = drawing.get_attribute("src")
 
-            page.click("button:has-text('add sequence')")
-            page.wait_for_function(
-                "() => document.querySelector('.pagedkv-counters').textContent.includes('blocks used 2/24')",
-                timeout=30_000)
-            page.wait_for_function(f"() => document.querySelector('.widget-output img')?.src !== {before_img!r}",
-                                   timeout=30_000)
-            after_add = counters.inner_text()
+        page.click("button:has-text('add sequence')")
+        page.wait_for_function(
+            "() => document.querySelector('.pagedkv-counters').textContent.includes('blocks used 2/24')",
+            timeout=30_000)
+        page.wait_for_function(f"() => document.querySelector('.widget-output img')?.src !== {before_img!r}",
+                               timeout=30_000)
+        after_add = counters.inner_text()
 
-            page.click("button:has-text('append')")
-            page.wait_for_function(f"() => document.querySelector('.pagedkv-counters').textContent !== "
-                                   f"{after_add!r}", timeout=30_000)
-            assert "internal fragmentation 12%" in counters.inner_text()  # 7 tokens in 2 blocks of 4
-            assert page.locator(".widget-output img").first.get_attribute("src") != before_img
-            page.screenshot(path=str(tmp_path / "visualizer.png"), full_page=False)
-        except Exception:
-            page.screenshot(path=str(tmp_path / "failure.png"))  # look here when it fails
-            raise
-        finally:
-            browser.close()
+        page.click("button:has-text('append')")
+        page.wait_for_function(f"() => document.querySelector('.pagedkv-counters').textContent !== "
+                               f"{after_add!r}", timeout=30_000)
+        assert "internal fragmentation 12%" in counters.inner_text()  # 7 tokens in 2 blocks of 4
+        assert page.locator(".widget-output img").first.get_attribute("src") != before_img
+        page.screenshot(path=str(tmp_path / "visualizer.png"), full_page=False)
     assert (tmp_path / "visualizer.png").stat().st_size > 10_000
