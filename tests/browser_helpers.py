@@ -55,15 +55,28 @@ def wait_for_port(port: int, server: subprocess.Popen, timeout: float = 90) -> N
 
 
 @contextlib.contextmanager
-def chromium_page(sync_api, tmp_path, viewport):
-    """A page in Debian's Chromium; on failure a screenshot lands in tmp_path/failure.png; always closed."""
+def chromium_page(sync_api, tmp_path, viewport, server_log=None):
+    """A page in Debian's Chromium, always closed.
+
+    On failure, what the page said (console, uncaught errors, failed requests) and the tail of ``server_log``
+    are printed, so pytest shows them, and a screenshot lands in tmp_path/failure.png.
+    """
+    said = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport=viewport)
+        page.on("console", lambda message: said.append(f"console {message.type}: {message.text}"))
+        page.on("pageerror", lambda error: said.append(f"page error: {error}"))
+        page.on("requestfailed", lambda request: said.append(f"request failed: {request.url} {request.failure}"))
+        page.on("crash", lambda _: said.append("the page crashed"))
         try:
             yield page
         except Exception:
             page.screenshot(path=str(tmp_path / "failure.png"))  # look here when it fails
+            print("--- what the page said", *said[-60:], sep="\n")
+            if server_log is not None and os.path.exists(server_log):
+                with open(server_log, encoding="utf-8", errors="replace") as log:
+                    print("--- the server's log (tail)", *log.readlines()[-60:], sep="\n")
             raise
         finally:
             browser.close()

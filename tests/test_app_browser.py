@@ -34,6 +34,21 @@ def app(tmp_path):
         log.close()
 
 
+def open_app(page, url, ready, timeout_error, attempts=3):
+    """Load the app until ``ready`` shows. Every load starts a fresh kernel; now and then (about one load in
+    ten on a 2-core machine) Voila's first execute request is never answered and the page waits forever
+    ("voila is still executing"), so a stalled load is retried, and the third stall fails the test."""
+    for attempt in range(1, attempts + 1):
+        page.goto(url, wait_until="commit", timeout=60_000)
+        try:
+            ready.wait_for(timeout=60_000)
+            return
+        except timeout_error:
+            if attempt == attempts:
+                raise
+            print(f"load {attempt}: the app did not show within 60 s; loading it again")
+
+
 def test_the_app_serves_only_on_this_machine(app):
     port = int(app.rsplit(":", 1)[1].strip("/"))
     others = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
@@ -48,13 +63,13 @@ def test_the_app_reacts_to_clicks(app, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    with chromium_page(sync_api, tmp_path, viewport={"width": 1300, "height": 1800}) as page:
+    with chromium_page(sync_api, tmp_path, viewport={"width": 1300, "height": 1800},
+                       server_log=tmp_path / "voila.log") as page:
         # Voila's page template asks a CDN for a font stylesheet: refuse anything off this machine at once,
         # so the test never waits on DNS and sends nothing outside.
         page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(app) else route.abort())
-        page.goto(app, wait_until="commit", timeout=60_000)
         counters = page.locator(".pagedkv-counters")
-        counters.wait_for(timeout=120_000)
+        open_app(page, app, counters, sync_api.TimeoutError)
         drawing = page.locator(".widget-output img").first
         drawing.wait_for(timeout=60_000)
         assert "blocks used 0/24" in counters.inner_text()

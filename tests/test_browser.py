@@ -48,7 +48,8 @@ def test_visualizer_reacts_to_clicks(jupyterlab, tmp_path):
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
     base, token = jupyterlab
-    with chromium_page(sync_api, tmp_path, viewport={"width": 1400, "height": 1000}) as page:
+    with chromium_page(sync_api, tmp_path, viewport={"width": 1400, "height": 1000},
+                       server_log=tmp_path / "jupyterlab.log") as page:
         page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
         page.wait_for_selector(".jp-NotebookPanel", timeout=90_000)
         select_kernel = page.locator(".jp-Dialog button:has-text('Select')")

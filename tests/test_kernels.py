@@ -174,6 +174,8 @@ def test_validation_of_options():
         paged_attention(*case, backend="tpu")
     with pytest.raises(ValueError, match="multiple of block_size"):
         paged_attention(*case, backend="cuda", partition_size=6)
+    with pytest.raises(ValueError, match="at most 8192 tokens"):  # 12,288 would not fit in shared memory
+        paged_attention(*case, backend="cuda", partition_size=12_288)
     with pytest.raises(ShapeError, match="float32 or float16"):
         paged_attention(*[t.bfloat16() if t.is_floating_point() else t for t in case], backend="cpu")
     bf16 = [t.bfloat16() if t.is_floating_point() else t for t in case]  # the torch reference takes bf16

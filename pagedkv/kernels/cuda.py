@@ -294,6 +294,17 @@ def _empty(shape, like: torch.Tensor):
 
 
 @contextlib.contextmanager
+def _on_tensors_gpu(query: torch.Tensor):
+    """On a real GPU: launch on the tensors' device and on torch's current stream there, so the kernels are
+    ordered with the torch work around them (vLLM's ops do the same). Elsewhere: the default stream, 0."""
+    if not query.is_cuda:
+        yield 0
+        return
+    with cuda.gpus[query.device.index]:
+        yield cuda.external_stream(torch.cuda.current_stream(query.device).cuda_stream)
+
+
+@contextlib.contextmanager
 def _fast_thread_switching(simulator: bool):
     """The simulator runs one Python thread per CUDA thread and waits at every barrier for all of
     them; handing the GIL over every 0.1 ms instead of 5 ms makes a launch several times faster.
@@ -321,24 +332,25 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
         use_v1 = shape.max_seq_len <= MAX_V1_TOKENS and (
             max_partitions == 1 or shape.num_seqs * shape.num_heads > 512)
         partition_size = None if use_v1 else PARTITION_SIZE
-    args = [_on_device(t) for t in (query, key_cache, value_cache, block_tables, seq_lens)]
     scale, group = np.float32(shape.scale), np.int32(shape.num_queries_per_kv)
-    out = _empty((shape.num_seqs, shape.num_heads, shape.head_size), query)
 
-    with _fast_thread_switching(mode.simulator):
+    with _fast_thread_switching(mode.simulator), _on_tensors_gpu(query) as stream:
+        args = [_on_device(t) for t in (query, key_cache, value_cache, block_tables, seq_lens)]
+        out = _empty((shape.num_seqs, shape.num_heads, shape.head_size), query)
         if partition_size is None:
             logits_len = _next_power_of_two(max(shape.max_seq_len, 32))
             v1, _, _ = build_kernels(shape.head_size, shape.block_size, num_threads, flavour, logits_len)
-            v1[(shape.num_heads, shape.num_seqs), num_threads](out, *args, scale, group)
+            v1[(shape.num_heads, shape.num_seqs), num_threads, stream](out, *args, scale, group)
         else:
             num_partitions = -(-shape.max_seq_len // partition_size)
             _, v2, reduce = build_kernels(shape.head_size, shape.block_size, num_threads, flavour, partition_size)
             stats = (shape.num_seqs, shape.num_heads, num_partitions)
             tmp_out = _empty(stats + (shape.head_size,), query)
             max_logits, exp_sums = _empty(stats, query), _empty(stats, query)
-            v2[(shape.num_heads, shape.num_seqs, num_partitions), num_threads](
+            v2[(shape.num_heads, shape.num_seqs, num_partitions), num_threads, stream](
                 tmp_out, max_logits, exp_sums, *args, scale, group)
-            reduce[(shape.num_heads, shape.num_seqs), num_threads](out, tmp_out, max_logits, exp_sums, args[-1])
+            reduce[(shape.num_heads, shape.num_seqs), num_threads, stream](
+                out, tmp_out, max_logits, exp_sums, args[-1])
 
     result = out if isinstance(out, torch.Tensor) else torch.from_numpy(out.copy_to_host())
     return result.to(query.dtype)

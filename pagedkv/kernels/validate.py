@@ -16,6 +16,7 @@ from ..errors import BlockTableError, PagedKVValueError, ShapeError
 
 BACKENDS = ("auto", "cuda", "cpu", "torch")
 NUMBA_DTYPES = (torch.float32, torch.float16)
+MAX_PARTITION_SIZE = 8192  # 32 KB of float32 logits + q, reductions: under numba's 48 KB static shared memory
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, 
         _require(whole and partition_size > 0 and partition_size % block_size == 0,
                  PagedKVValueError,
                  f"partition_size must be a positive multiple of block_size ({block_size}), got {partition_size!r}.")
+        _require(partition_size <= MAX_PARTITION_SIZE, PagedKVValueError,
+                 f"partition_size {partition_size} is too large: one partition's float32 logits live in 48 KB "
+                 f"of shared memory, so at most {MAX_PARTITION_SIZE} tokens (vLLM uses 512).")
     if scale is None:
         scale = head_size ** -0.5
     _require(isinstance(scale, Real) and not isinstance(scale, bool) and math.isfinite(scale), PagedKVValueError,
