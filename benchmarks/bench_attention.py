@@ -2,6 +2,7 @@
 
     python benchmarks/bench_attention.py            # CPU: the numba twin vs torch SDPA
     python benchmarks/bench_attention.py --gpu      # GPU: the numba.cuda kernels vs torch baselines
+    python benchmarks/bench_attention.py --static   # no GPU: registers, occupancy, SASS per token (perf extra)
 
 CPU case: 32 seqs x 32 heads x head 128 x 1,024 tokens, block 16, fp32.
   * twin:            paged_attention(backend="cpu"), reading the pages in place
@@ -122,7 +123,14 @@ def gpu_case():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="run the GPU case")
+    parser.add_argument("--static", action="store_true",
+                        help="the static report (pagedkv.kernels.static_report), no GPU needed")
     args = parser.parse_args()
+    if args.static:  # in its own process: numba.cuda must start in real (not simulator) mode to compile
+        import os
+        import subprocess
+        env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PAGEDKV_QUIET": "1"}
+        return subprocess.run([sys.executable, "-m", "pagedkv.kernels.static_report"], env=env).returncode
     return gpu_case() if args.gpu else cpu_case()
 
 

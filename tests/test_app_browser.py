@@ -35,9 +35,11 @@ def app(tmp_path):
 
 
 def open_app(page, url, ready, timeout_error, attempts=3):
-    """Load the app until ``ready`` shows. Every load starts a fresh kernel; now and then (about one load in
-    ten on a 2-core machine) Voila's first execute request is never answered and the page waits forever
-    ("voila is still executing"), so a stalled load is retried, and the third stall fails the test."""
+    """Load the app until ``ready`` shows; every load starts a fresh kernel.
+
+    With ipykernel's shell-channel thread (7.x, 6.31) a fresh kernel now and then leaves Voila's first execute
+    request unread (the kernel sits idle, the page says "voila is still executing": ipython/ipykernel#1554).
+    The extras pin ipykernel < 6.31; should a load still stall, it is retried, and the third stall fails."""
     for attempt in range(1, attempts + 1):
         page.goto(url, wait_until="commit", timeout=60_000)
         try:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from numba import float32
 
-from pagedkv import BlockTableError, ShapeError, paged_attention, reference_paged_attention
+from pagedkv import BlockTableError, PagedKVError, ShapeError, paged_attention, reference_paged_attention
 from pagedkv.kernels import CUDA_MODE, gather_kv  # first: sets the CUDA mode before numba.cuda is imported
 from pagedkv.kernels.ptx import fp64_lines
 
@@ -242,6 +242,42 @@ def test_ptx_for_a_real_gpu_has_no_fp64():
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 12 and all(line.endswith("ok") for line in lines)  # 2 flavours x 2 dtypes x 3 kernels
+
+
+def test_static_report_reads_the_linker_and_the_sass():
+    """The cheap part of ``bench_attention.py --static``: one kernel, linked for sm_90, disassembled."""
+    pytest.importorskip("cuda.core")
+    try:
+        from pagedkv.kernels.static_report import nvdisasm
+        nvdisasm()
+    except PagedKVError as error:
+        pytest.skip(str(error))  # the perf extra is not installed
+    r = subprocess.run([sys.executable, "-m", "pagedkv.kernels.static_report", "--cc", "9.0", "--head-size", "32",
+                        "--flavour", "tree", "--kernel", "v1"], capture_output=True, text=True,
+                       env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = r.stdout.splitlines()[1].split()
+    assert row[:4] == ["sm_90", "tree", "v1", "32"]
+    registers, spills, shared, local = map(int, row[4:8])
+    assert 0 < registers <= 255 and spills == 0 and local == 0 and shared >= 4 * 32  # q staged in shared memory
+    assert "instr/" in r.stdout  # at least one loop that streams the cache was found
+
+
+def test_static_report_parsers():
+    from pagedkv.kernels.static_report import LinkInfo, cache_loops, fp16_elements_loaded, occupancy, parse_link_log
+
+    log = ("ptxas         .     0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+           "info    : used 72 registers, used 1 barriers, 0 stack, 6144 bytes smem, 1048 bytes cmem[0], 0 bytes lmem")
+    assert parse_link_log(log) == LinkInfo(registers=72, spill_bytes=12, shared_bytes=6144, local_bytes=0)
+    assert occupancy(LinkInfo(72, 0, 6144, 0), 128, (9, 0)) == 7 * 4 / 64  # 72 regs x 32 lanes: 7 blocks of 4 warps
+    assert [fp16_elements_loaded(x) for x in ("LDG.E.U16 R6, desc[UR36][R6.64]", "@P0 LDG.E.128 R4, [R2.64]",
+                                              "LDG.E R17, desc[UR36][R4.64]", "FFMA R1, R2, R3, R4")] == [1, 8, 0, 0]
+    sass = ["        /*0000*/                   MOV R1, c[0x0][0x28] ;", ".L_x_1:",
+            "        /*0010*/                   LDG.E.U16 R2, desc[UR4][R4.64] ;",
+            "        /*0020*/                   HADD2.F32 R3, -RZ, R2.H0_H0 ;",
+            "        /*0030*/               @P0 BRA `(.L_x_1) ;", "        /*0040*/                   EXIT ;"]
+    (loop,) = cache_loops(sass)
+    assert (loop.instructions, loop.cache_elements) == (3, 1)
 
 
 def test_fp64_detector():

@@ -36,8 +36,9 @@ def fp64_lines(ptx: str) -> list[str]:
     return [line.strip() for line in ptx.splitlines() if ".f64" in line and not line.strip().startswith("//")]
 
 
-def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict:
-    """{(flavour, dtype, kernel): ptx} for both flavours, fp16 and fp32."""
+def compile_one(flavour: str, kernel: str, dtype: str, cc=(9, 0), head_size=128, block_size=16, logits_len=512,
+                num_threads=128) -> str:
+    """PTX of one kernel ("v1", "v2" or "reduce") for a cache dtype and compute capability."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         raise PagedKVError("run with NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX.")
     from numba import cuda
@@ -48,16 +49,16 @@ def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict
     # Device functions are compiled for "the current device"; with no GPU there is none, so
     # stand one in with the compute capability asked for (the kernel itself gets cc= directly).
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
+    kernels = dict(zip(("v1", "v2", "reduce"),
+                       build_kernels(head_size, block_size, num_threads, flavour, logits_len, jit=False)))
+    ptx, _ = cuda.compile_ptx(kernels[kernel], signatures(dtype)[kernel], cc=cc)
+    return ptx
 
-    result = {}
-    for flavour in ("tree", "shuffle"):
-        kernels = dict(zip(("v1", "v2", "reduce"),
-                           build_kernels(head_size, block_size, 128, flavour, logits_len, jit=False)))
-        for dtype in ("float16", "float32"):
-            for name, sig in signatures(dtype).items():
-                ptx, _ = cuda.compile_ptx(kernels[name], sig, cc=cc)
-                result[(flavour, dtype, name)] = ptx
-    return result
+
+def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict:
+    """{(flavour, dtype, kernel): ptx} for both flavours, fp16 and fp32."""
+    return {(flavour, dtype, name): compile_one(flavour, name, dtype, cc, head_size, block_size, logits_len)
+            for flavour in ("tree", "shuffle") for dtype in ("float16", "float32") for name in ("v1", "v2", "reduce")}
 
 
 def main(argv=None) -> int:

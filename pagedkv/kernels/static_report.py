@@ -1,0 +1,226 @@
+"""How fast would the kernels run on a real GPU? A static answer, with no GPU.
+
+Each kernel is compiled to PTX (``ptx.py``), linked for a real architecture by
+nvJitLink through ``cuda.core``'s ``Linker`` (its verbose log gives registers,
+spills, shared and local memory), and disassembled to SASS with NVIDIA's
+``nvdisasm`` (the ``perf`` extra: ``pip install 'pagedkv[perf]'``).
+
+What is measured, and what is an estimate:
+
+* **registers, spills, shared / local memory**: exactly what ptxas reports.
+* **occupancy**: the theoretical one, from registers, shared memory and
+  threads per block against the SM's limits (as NVIDIA's occupancy calculator
+  does, without its rounding of shared memory to allocation units).
+* **instructions per (query head, token)**: an *estimate from the static code*.
+  The innermost loops that load fp16 K or V from the cache are found in the
+  SASS (a backward branch closes a loop).  A loop body of ``n`` instructions
+  that loads ``e`` cache elements per thread costs ``n / e`` instructions per
+  element; a warp instruction covers 32 lanes, so one token's ``head_size``
+  elements cost ``head_size * n / e / 32`` warp instructions.  Work outside
+  those loops (the block table, per-token reductions) is not counted: a
+  lower bound for each of the K and V passes.
+
+Run it as ``python benchmarks/bench_attention.py --static``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import PagedKVError
+
+# Per-SM limits (CUDA C Programming Guide, "Technical Specifications per Compute Capability").
+SM_LIMITS = {
+    (8, 0): dict(registers=65536, threads=2048, blocks=32, shared=164 * 1024),
+    (9, 0): dict(registers=65536, threads=2048, blocks=32, shared=228 * 1024),
+}
+RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KB of shared memory per block (cc 8.0 and later)
+REGISTER_GRANULE = 256  # registers are handed to warps in units of 256
+
+_LOG = re.compile(r"used (\d+) registers.*?(\d+) bytes smem.*?(\d+) bytes lmem")
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_LOAD_BYTES = {"U16": 2, "64": 8, "128": 16}  # fp16 cache loads; plain 32-bit loads are block-table reads
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    local_bytes: int
+
+
+@dataclass(frozen=True)
+class Loop:
+    start: int
+    end: int
+    instructions: int
+    cache_elements: int  # fp16 elements of K or V one thread loads per iteration
+
+
+def nvdisasm() -> str:
+    """The path of NVIDIA's disassembler from its pip wheel, or a clear error."""
+    for scheme in ("purelib", "platlib"):
+        for sub in ("cu13", "cuda_nvdisasm", "cu12"):
+            path = Path(sysconfig.get_paths()[scheme]) / "nvidia" / sub / "bin" / "nvdisasm"
+            if path.exists():
+                return str(path)
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    raise PagedKVError("nvdisasm was not found: pip install 'pagedkv[perf]' (NVIDIA's disassembler wheel).")
+
+
+def link(ptx: str, cc: tuple[int, int]) -> tuple[bytes, LinkInfo]:
+    """Link PTX into a cubin for ``sm_<cc>`` with nvJitLink; return it and what ptxas reported."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+
+    linker = Linker(ObjectCode.from_ptx(ptx.encode()),
+                    options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}", verbose=True))
+    cubin = linker.link("cubin").code
+    return cubin, parse_link_log(linker.get_info_log())
+
+
+def parse_link_log(log: str) -> LinkInfo:
+    usage, spills = _LOG.search(log), _SPILLS.search(log)
+    if usage is None or spills is None:
+        raise PagedKVError(f"could not read the linker's report; its log was:\n{log}")
+    registers, shared, local = (int(x) for x in usage.groups())
+    return LinkInfo(registers, int(spills[1]) + int(spills[2]), shared, local)
+
+
+def occupancy(info: LinkInfo, threads_per_block: int, cc: tuple[int, int]) -> float:
+    """Theoretical occupancy: resident warps per SM over the SM's maximum."""
+    limits = SM_LIMITS[cc]
+    warps = -(-threads_per_block // 32)
+    registers_per_warp = -(-info.registers * 32 // REGISTER_GRANULE) * REGISTER_GRANULE
+    by_registers = limits["registers"] // (registers_per_warp * warps)
+    by_shared = limits["shared"] // (info.shared_bytes + RESERVED_SHARED_PER_BLOCK)
+    blocks = min(by_registers, by_shared, limits["threads"] // threads_per_block, limits["blocks"])
+    return blocks * warps / (limits["threads"] // 32)
+
+
+def disassemble(cubin: bytes) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([nvdisasm(), "-c", path], capture_output=True, text=True, check=True).stdout
+
+
+def kernel_sass(sass: str, name: str) -> list[str]:
+    """The lines of the one function whose mangled name contains ``name`` (helpers like division left out)."""
+    sections = re.split(r"\n(?=\s*\.section\s)", sass)
+    for section in sections:
+        header = section.split("\n", 1)[0]
+        if ".text." in header and name in header:
+            return section.splitlines()
+    raise PagedKVError(f"no function named like {name!r} in the disassembly.")
+
+
+def cache_loops(lines: list[str]) -> list[Loop]:
+    """Innermost loops (a backward branch to a label above it) that load fp16 K or V elements."""
+    labels, instructions, pending = {}, [], []
+    for line in lines:
+        label = _LABEL.match(line.strip())
+        if label:
+            pending.append(label[1])
+            continue
+        found = _INSTRUCTION.search(line)
+        if found:
+            address = int(found[1], 16)
+            for name in pending:
+                labels[name] = address
+            pending = []
+            instructions.append((address, found[2]))
+    loops = []
+    for address, text in instructions:
+        target = _BRANCH.search(text)
+        if target and labels.get(target[1], address + 1) <= address:
+            loops.append((labels[target[1]], address))
+    innermost = [(s, e) for s, e in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in loops)]
+    result = []
+    for start, end in sorted(set(innermost)):
+        body = [text for address, text in instructions if start <= address <= end]
+        elements = sum(fp16_elements_loaded(text) for text in body)
+        if elements:
+            result.append(Loop(start, end, len(body), elements))
+    return result
+
+
+def fp16_elements_loaded(instruction: str) -> int:
+    """fp16 elements one global load brings in (LDG.E.U16: 1, LDG.E.64: 4, LDG.E.128: 8; other: 0)."""
+    words = instruction.split()
+    op = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words[0] if words else "")
+    if not op.startswith("LDG"):
+        return 0
+    parts = op.split(".")
+    return next((size // 2 for suffix, size in _LOAD_BYTES.items() if suffix in parts), 0)
+
+
+def instructions_per_token(loop: Loop, head_size: int) -> float:
+    """Warp instructions per (query head, token) for one pass (K or V): see the module docstring."""
+    return head_size * loop.instructions / loop.cache_elements / 32
+
+
+KERNEL_NAMES = {"v1": "paged_attention_v1", "v2": "paged_attention_v2B", "reduce": "paged_attention_v2_reduce"}
+
+
+def measure(flavour: str, kernel: str, head_size: int, cc: tuple[int, int], threads: int = 128,
+            block_size: int = 16, partition_size: int = 512) -> dict:
+    """One row of the report for an fp16 kernel: what the linker says, occupancy, and the cache loops."""
+    from .ptx import compile_one
+
+    ptx = compile_one(flavour, kernel, "float16", cc, head_size, block_size, partition_size, threads)
+    cubin, info = link(ptx, cc)
+    loops = cache_loops(kernel_sass(disassemble(cubin), KERNEL_NAMES[kernel])) if kernel != "reduce" else []
+    return dict(flavour=flavour, kernel=kernel, head_size=head_size, sm=f"sm_{cc[0]}{cc[1]}",
+                registers=info.registers, spill_bytes=info.spill_bytes, shared_bytes=info.shared_bytes,
+                local_bytes=info.local_bytes, occupancy=occupancy(info, threads, cc),
+                loops=[(loop.instructions, loop.cache_elements, instructions_per_token(loop, head_size))
+                       for loop in loops])
+
+
+def format_row(row: dict) -> str:
+    loops = ", ".join(f"{n} instr/{e} elem -> {per:.0f}" for n, e, per in row["loops"]) or "-"
+    return (f"{row['sm']:<6} {row['flavour']:<8} {row['kernel']:<6} {row['head_size']:>4} "
+            f"{row['registers']:>4} {row['spill_bytes']:>6} {row['shared_bytes']:>6} {row['local_bytes']:>5} "
+            f"{row['occupancy']:>5.0%}  {loops}")
+
+
+HEADER = ("sm     flavour  kernel head regs spills  smem B lmem  occup. cache loops: body / fp16 elements "
+          "per thread -> warp instructions per (query head, token), lower bound")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cc", nargs="+", default=["8.0", "9.0"], help="compute capabilities (8.0 and/or 9.0)")
+    parser.add_argument("--head-size", nargs="+", type=int, default=[128, 256])
+    parser.add_argument("--flavour", nargs="+", default=["tree", "shuffle"])
+    parser.add_argument("--kernel", nargs="+", default=["v1", "v2", "reduce"])
+    args = parser.parse_args(argv)
+    print(HEADER)
+    for cc in (tuple(int(x) for x in text.split(".")) for text in args.cc):
+        if cc not in SM_LIMITS:
+            raise PagedKVError(f"--cc must be one of {sorted(SM_LIMITS)}, got {cc}.")
+        for head_size in args.head_size:
+            for flavour in args.flavour:
+                for kernel in args.kernel:
+                    print(format_row(measure(flavour, kernel, head_size, cc)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
