@@ -22,8 +22,14 @@ Two reduction *flavours* are chosen when a kernel is built:
 * ``"tree"``: one thread per token for ``q.k``, block-wide max/sum with a
   shared-memory tree.  The teaching kernel, and the one the simulator runs.
 * ``"shuffle"``: one warp per token, its 32 lanes splitting ``head_size`` and
-  combining with warp shuffles, as vLLM does.  Faster on a GPU; never in the
-  simulator, which has no real warps.
+  combining with warp shuffles.  Faster on a GPU; never in the simulator,
+  which has no real warps.
+
+Neither is vLLM's mapping: there a warp takes a whole KV block (one block-table
+read), a *thread group* of ``max(32 // block_size, 1)`` threads takes a token
+and splits ``head_size`` into 16-byte vectors, and the logits live in dynamic
+shared memory.  ``benchmarks/RESULTS.md`` ("Static kernel report") counts what
+the simpler mappings here cost.
 """
 
 from __future__ import annotations
