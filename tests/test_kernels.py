@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from numba import float32
 
 from pagedkv import BlockTableError, PagedKVError, ShapeError, paged_attention, reference_paged_attention
-from pagedkv.kernels import CUDA_MODE, gather_kv  # first: sets the CUDA mode before numba.cuda is imported
+from pagedkv.kernels import CUDA_MODE, check_attention_args, gather_kv  # first: sets the CUDA mode
+from pagedkv.kernels.cuda import paged_attention_cuda
 from pagedkv.kernels.ptx import fp64_lines
 
 cuda = importlib.import_module("numba.cuda")  # only after pagedkv, which chooses the simulator or a real GPU
@@ -106,6 +107,37 @@ def test_cuda_v2_fp16():
           partition_size=4)
 
 
+VLLM_CASES = [  # (block_size, heads, head_size, dtype, partition_size): every block size vLLM's mapping changes at
+    (1, (2, 2), 8, torch.float16, None),     # a thread group of 32 threads per token
+    (8, (4, 2), 16, torch.float32, None),    # groups of 4, GQA
+    (16, (4, 1), 32, torch.float16, None),   # groups of 2 (vLLM's default block), MQA
+    (32, (2, 2), 32, torch.float32, None),   # a thread per token
+    (8, (2, 1), 16, torch.float16, 8),       # v2, one block per partition
+    (16, (4, 4), 12, torch.float16, 16),     # v2; head_size 12: 3 words, lanes left over
+    (32, (4, 1), 32, torch.float32, 32),     # v2, MQA
+]
+
+
+@pytest.mark.parametrize("block_size, heads, head_size, dtype, partition_size", VLLM_CASES)
+def test_vllm_flavour_matches_sdpa(block_size, heads, head_size, dtype, partition_size):
+    """The vLLM-shaped kernel (warp per block, thread groups, 8-byte words); in the simulator its group
+    shuffles become a shared-memory exchange, everything else is the body a GPU runs."""
+    case = make_case([1, 5, 19, 2 * block_size], num_heads=heads[0], num_kv_heads=heads[1],
+                     head_size=head_size, block_size=block_size, dtype=dtype, seed=block_size)
+    shape = check_attention_args(*case, None, "cuda", partition_size)
+    out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour="vllm")
+    torch.testing.assert_close(out.float(), sdpa(*case), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_vllm_flavour_refuses_sizes_it_cannot_split():
+    case = make_case([5], num_heads=2, num_kv_heads=2, head_size=6, block_size=4, dtype=torch.float16)
+    shape = check_attention_args(*case, None, "cuda", None)
+    with pytest.raises(ValueError, match="multiple of 4 for float16"):  # 6 fp16 values are not whole words
+        paged_attention_cuda(*case, shape, CUDA_MODE, None, flavour="vllm")
+    with pytest.raises(ValueError, match="flavour must be"):
+        paged_attention_cuda(*case, shape, CUDA_MODE, None, flavour="fastest")
+
+
 def test_default_scale_and_custom_scale():
     case = make_case([5, 9], num_heads=2, num_kv_heads=2)
     a = paged_attention(*case, scale=8 ** -0.5, backend="cpu")
@@ -123,15 +155,12 @@ def test_auto_backend():
 @pytest.mark.skipif(not ON_GPU, reason="the warp-shuffle kernel needs a real GPU (no shuffles in the simulator)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("partition_size", [None, 512])
-def test_gpu_shuffle_and_tree_kernels(dtype, partition_size):
-    from pagedkv.kernels import check_attention_args
-    from pagedkv.kernels.cuda import paged_attention_cuda
-
+def test_gpu_kernels_every_flavour(dtype, partition_size):
     case = make_case([1, 16, 600, 2000, 4096], num_heads=32, num_kv_heads=8, head_size=128, block_size=16,
                      dtype=dtype)
     shape = check_attention_args(*case)
     expected = sdpa(*case)
-    for flavour in ("tree", "shuffle"):
+    for flavour in ("tree", "shuffle", "vllm"):
         out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour=flavour)
         torch.testing.assert_close(out.float().cpu(), expected, atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -241,7 +270,7 @@ def test_ptx_for_a_real_gpu_has_no_fp64():
                        text=True, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 12 and all(line.endswith("ok") for line in lines)  # 2 flavours x 2 dtypes x 3 kernels
+    assert len(lines) == 18 and all(line.endswith("ok") for line in lines)  # 3 flavours x 2 dtypes x 3 kernels
 
 
 def test_static_report_reads_the_linker_and_the_sass():
@@ -275,9 +304,10 @@ def test_static_report_parsers():
     sass = ["        /*0000*/                   MOV R1, c[0x0][0x28] ;", ".L_x_1:",
             "        /*0010*/                   LDG.E.U16 R2, desc[UR4][R4.64] ;",
             "        /*0020*/                   HADD2.F32 R3, -RZ, R2.H0_H0 ;",
+            "        /*0028*/                   FFMA R6, R3, R5, R6 ;",
             "        /*0030*/               @P0 BRA `(.L_x_1) ;", "        /*0040*/                   EXIT ;"]
-    (loop,) = cache_loops(sass)
-    assert (loop.instructions, loop.cache_elements) == (3, 1)
+    (loop,) = cache_loops(sass)  # a loop that loads fp16 and multiplies: a cache loop (the q copy has no FFMA)
+    assert (loop.instructions, loop.cache_elements) == (4, 1)
 
 
 def test_fp64_detector():

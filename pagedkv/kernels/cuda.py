@@ -28,8 +28,8 @@ Two reduction *flavours* are chosen when a kernel is built:
 Neither is vLLM's mapping: there a warp takes a whole KV block (one block-table
 read), a *thread group* of ``max(32 // block_size, 1)`` threads takes a token
 and splits ``head_size`` into 16-byte vectors, and the logits live in dynamic
-shared memory.  ``benchmarks/RESULTS.md`` ("Static kernel report") counts what
-the simpler mappings here cost.
+shared memory.  The third flavour, ``"vllm"`` (``cuda_vllm.py``), does that;
+``benchmarks/RESULTS.md`` ("Static kernel report") counts what each costs.
 """
 
 from __future__ import annotations
@@ -284,6 +284,17 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
     return tuple(cuda.jit(k) for k in kernels) if jit else kernels
 
 
+def _kernels(shape, num_threads: int, flavour: str, logits_len: int, dtype: torch.dtype, simulator: bool):
+    """(v1, v2, reduce) of a flavour; the vLLM-shaped one shares the tree flavour's reduce kernel."""
+    if flavour != "vllm":
+        return build_kernels(shape.head_size, shape.block_size, num_threads, flavour, logits_len)
+    from .cuda_vllm import build_vllm_kernels
+
+    v1, v2 = build_vllm_kernels(shape.head_size, shape.block_size, num_threads, logits_len,
+                                str(dtype).removeprefix("torch."), simulator)
+    return v1, v2, build_kernels(shape.head_size, shape.block_size, num_threads, "tree", logits_len)[2]
+
+
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -331,8 +342,10 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
     flavour = flavour or ("tree" if mode.simulator else "shuffle")
     if flavour == "shuffle" and mode.simulator:
         raise PagedKVValueError("the 'shuffle' kernel needs a real GPU (the simulator has no warp shuffles); "
-                                "use flavour='tree'.")
-    num_threads = num_threads or (16 if mode.simulator else 128)
+                                "use flavour='tree' or 'vllm'.")
+    if flavour not in ("tree", "shuffle", "vllm"):
+        raise PagedKVValueError(f"flavour must be 'tree', 'shuffle' or 'vllm', got {flavour!r}.")
+    num_threads = num_threads or (64 if flavour == "vllm" and mode.simulator else 16 if mode.simulator else 128)
     if partition_size is None:  # vLLM's rule: v1 unless the context is long and the grid is small
         max_partitions = -(-shape.max_seq_len // PARTITION_SIZE)
         use_v1 = shape.max_seq_len <= MAX_V1_TOKENS and (
@@ -341,15 +354,20 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
     scale, group = np.float32(shape.scale), np.int32(shape.num_queries_per_kv)
 
     with _fast_thread_switching(mode.simulator), _on_tensors_gpu(query) as stream:
+        if flavour == "vllm":  # it reads the caches as 64-bit words
+            from .cuda_vllm import check_sizes
+
+            check_sizes(shape.head_size, shape.block_size, num_threads, str(query.dtype).removeprefix("torch."))
+            key_cache, value_cache = key_cache.view(torch.int64), value_cache.view(torch.int64)
         args = [_on_device(t) for t in (query, key_cache, value_cache, block_tables, seq_lens)]
         out = _empty((shape.num_seqs, shape.num_heads, shape.head_size), query)
         if partition_size is None:
             logits_len = _next_power_of_two(max(shape.max_seq_len, 32))
-            v1, _, _ = build_kernels(shape.head_size, shape.block_size, num_threads, flavour, logits_len)
+            v1, _, _ = _kernels(shape, num_threads, flavour, logits_len, query.dtype, mode.simulator)
             v1[(shape.num_heads, shape.num_seqs), num_threads, stream](out, *args, scale, group)
         else:
             num_partitions = -(-shape.max_seq_len // partition_size)
-            _, v2, reduce = build_kernels(shape.head_size, shape.block_size, num_threads, flavour, partition_size)
+            _, v2, reduce = _kernels(shape, num_threads, flavour, partition_size, query.dtype, mode.simulator)
             stats = (shape.num_seqs, shape.num_heads, num_partitions)
             tmp_out = _empty(stats + (shape.head_size,), query)
             max_logits, exp_sums = _empty(stats, query), _empty(stats, query)

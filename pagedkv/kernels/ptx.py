@@ -18,10 +18,11 @@ from types import SimpleNamespace
 from ..errors import PagedKVError
 
 
-def signatures(dtype: str) -> dict:
-    """numba type signatures of the v1, v2 and reduce kernels for a cache dtype."""
+def signatures(dtype: str, words: bool = False) -> dict:
+    """numba type signatures of the v1, v2 and reduce kernels for a cache dtype (the caches as int64 words
+    for the 'vllm' flavour)."""
     q = f"{dtype}[:, :, ::1]"
-    cache = f"{dtype}[:, :, :, ::1]"
+    cache = "int64[:, :, :, ::1]" if words else f"{dtype}[:, :, :, ::1]"
     common = f"{q}, {cache}, {cache}, int32[:, ::1], int32[::1], float32, int32"
     return {
         "v1": f"void(float32[:, :, ::1], {common})",
@@ -50,15 +51,22 @@ def compile_one(flavour: str, kernel: str, dtype: str, cc=(9, 0), head_size=128,
     # stand one in with the compute capability asked for (the kernel itself gets cc= directly).
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
     kernels = dict(zip(("v1", "v2", "reduce"),
-                       build_kernels(head_size, block_size, num_threads, flavour, logits_len, jit=False)))
-    ptx, _ = cuda.compile_ptx(kernels[kernel], signatures(dtype)[kernel], cc=cc)
+                       build_kernels(head_size, block_size, num_threads, "tree" if flavour == "vllm" else flavour,
+                                     logits_len, jit=False)))
+    if flavour == "vllm":
+        from .cuda_vllm import build_vllm_kernels
+
+        kernels.update(zip(("v1", "v2"), build_vllm_kernels(head_size, block_size, num_threads, logits_len, dtype,
+                                                            simulated=False, jit=False)))
+    ptx, _ = cuda.compile_ptx(kernels[kernel], signatures(dtype, words=flavour == "vllm")[kernel], cc=cc)
     return ptx
 
 
 def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict:
-    """{(flavour, dtype, kernel): ptx} for both flavours, fp16 and fp32."""
+    """{(flavour, dtype, kernel): ptx} for every flavour, fp16 and fp32."""
     return {(flavour, dtype, name): compile_one(flavour, name, dtype, cc, head_size, block_size, logits_len)
-            for flavour in ("tree", "shuffle") for dtype in ("float16", "float32") for name in ("v1", "v2", "reduce")}
+            for flavour in ("tree", "shuffle", "vllm") for dtype in ("float16", "float32")
+            for name in ("v1", "v2", "reduce")}
 
 
 def main(argv=None) -> int:

@@ -12,8 +12,9 @@ What is measured, and what is an estimate:
   threads per block against the SM's limits (as NVIDIA's occupancy calculator
   does, without its rounding of shared memory to allocation units).
 * **instructions per (query head, token)**: an *estimate from the static code*.
-  The innermost loops that load fp16 K or V from the cache are found in the
-  SASS (a backward branch closes a loop).  A loop body of ``n`` instructions
+  The innermost loops that load fp16 K or V from the cache and multiply (FFMA)
+  are found in the SASS (a backward branch closes a loop; the loop that copies
+  q has no FFMA).  A loop body of ``n`` instructions
   that loads ``e`` cache elements per thread costs ``n / e`` instructions per
   element; a warp instruction covers 32 lanes, so one token's ``head_size``
   elements cost ``head_size * n / e / 32`` warp instructions.  Work outside
@@ -153,7 +154,7 @@ def cache_loops(lines: list[str]) -> list[Loop]:
     for start, end in sorted(set(innermost)):
         body = [text for address, text in instructions if start <= address <= end]
         elements = sum(fp16_elements_loaded(text) for text in body)
-        if elements:
+        if elements and any(text.split()[-4:][0].startswith("FFMA") or " FFMA" in f" {text}" for text in body):
             result.append(Loop(start, end, len(body), elements))
     return result
 
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cc", nargs="+", default=["8.0", "9.0"], help="compute capabilities (8.0 and/or 9.0)")
     parser.add_argument("--head-size", nargs="+", type=int, default=[128, 256])
-    parser.add_argument("--flavour", nargs="+", default=["tree", "shuffle"])
+    parser.add_argument("--flavour", nargs="+", default=["tree", "shuffle", "vllm"])
     parser.add_argument("--kernel", nargs="+", default=["v1", "v2", "reduce"])
     args = parser.parse_args(argv)
     print(HEADER)
