@@ -34,7 +34,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int64
+from numba import cuda, float32, int64, uint64
 
 from ..errors import PagedKVValueError
 from .cuda import FULL_MASK, NEG_INF, WARP_SIZE, _add, _max, shuffle_reduction, tree_reduction
@@ -129,7 +129,8 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
                     for v in range(words_per_thread):
                         w = rank + v * group_size
                         if w < words:
-                            word[0] = key_words[physical, offset, kv_head, w]  # one 8-byte load
+                            # one 8-byte load; unsigned indices spare numba's negative-index wraparound code
+                            word[0] = key_words[uint64(physical), uint64(offset), uint64(kv_head), uint64(w)]
                             values = word.view(element)
                             for e in range(per_word):
                                 dot += q_s[w * per_word + e] * float32(values[e])
@@ -161,7 +162,7 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
                     for k in range(v_words_per_lane):
                         w = col + k * v_lanes
                         if w < words:
-                            word[0] = value_words[physical, offset, kv_head, w]
+                            word[0] = value_words[uint64(physical), uint64(offset), uint64(kv_head), uint64(w)]
                             values = word.view(element)
                             for e in range(per_word):
                                 acc[k * per_word + e] += p * float32(values[e])
