@@ -353,21 +353,18 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
         partition_size = None if use_v1 else PARTITION_SIZE
     scale, group = np.float32(shape.scale), np.int32(shape.num_queries_per_kv)
 
-    with _fast_thread_switching(mode.simulator), _on_tensors_gpu(query) as stream:
-        if flavour == "vllm":  # it reads the caches as 64-bit words
-            from .cuda_vllm import check_sizes
+    logits_len = partition_size or _next_power_of_two(max(shape.max_seq_len, 32))
+    v1, v2, reduce = _kernels(shape, num_threads, flavour, logits_len, query.dtype, mode.simulator)  # checks sizes
+    if flavour == "vllm":  # it reads the caches as 64-bit words
+        key_cache, value_cache = key_cache.view(torch.int64), value_cache.view(torch.int64)
 
-            check_sizes(shape.head_size, shape.block_size, num_threads, str(query.dtype).removeprefix("torch."))
-            key_cache, value_cache = key_cache.view(torch.int64), value_cache.view(torch.int64)
+    with _fast_thread_switching(mode.simulator), _on_tensors_gpu(query) as stream:
         args = [_on_device(t) for t in (query, key_cache, value_cache, block_tables, seq_lens)]
         out = _empty((shape.num_seqs, shape.num_heads, shape.head_size), query)
         if partition_size is None:
-            logits_len = _next_power_of_two(max(shape.max_seq_len, 32))
-            v1, _, _ = _kernels(shape, num_threads, flavour, logits_len, query.dtype, mode.simulator)
             v1[(shape.num_heads, shape.num_seqs), num_threads, stream](out, *args, scale, group)
         else:
             num_partitions = -(-shape.max_seq_len // partition_size)
-            _, v2, reduce = _kernels(shape, num_threads, flavour, partition_size, query.dtype, mode.simulator)
             stats = (shape.num_seqs, shape.num_heads, num_partitions)
             tmp_out = _empty(stats + (shape.head_size,), query)
             max_logits, exp_sums = _empty(stats, query), _empty(stats, query)

@@ -111,6 +111,13 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
     else:
         block_max, block_sum = shuffle_reduction(_max, num_warps), shuffle_reduction(_add, num_warps)
 
+    @cuda.jit(device=True, inline=True)
+    def load_word(cache_words, physical, offset, kv_head, w, word):
+        """One 8-byte load of a token's row, unpacked in registers into ``per_word`` values."""
+        # unsigned indices spare numba's negative-index wraparound code
+        word[0] = cache_words[uint64(physical), uint64(offset), uint64(kv_head), uint64(w)]
+        return word.view(element)
+
     @cuda.jit(device=True)
     def qk_logits(q_s, key_words, block_table, kv_head, start, end, scale, logits, exchange):
         """Warp w: blocks w, w + num_warps, ...; in each, thread group g: token g (and g + groups_per_warp ...)."""
@@ -129,9 +136,7 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
                     for v in range(words_per_thread):
                         w = rank + v * group_size
                         if w < words:
-                            # one 8-byte load; unsigned indices spare numba's negative-index wraparound code
-                            word[0] = key_words[uint64(physical), uint64(offset), uint64(kv_head), uint64(w)]
-                            values = word.view(element)
+                            values = load_word(key_words, physical, offset, kv_head, w, word)
                             for e in range(per_word):
                                 dot += q_s[w * per_word + e] * float32(values[e])
                 dot = group_sum(exchange, dot)
@@ -162,8 +167,7 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
                     for k in range(v_words_per_lane):
                         w = col + k * v_lanes
                         if w < words:
-                            word[0] = value_words[uint64(physical), uint64(offset), uint64(kv_head), uint64(w)]
-                            values = word.view(element)
+                            values = load_word(value_words, physical, offset, kv_head, w, word)
                             for e in range(per_word):
                                 acc[k * per_word + e] += p * float32(values[e])
         slot = (warp * v_rows + row) * head_size

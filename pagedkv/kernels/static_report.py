@@ -154,15 +154,22 @@ def cache_loops(lines: list[str]) -> list[Loop]:
     for start, end in sorted(set(innermost)):
         body = [text for address, text in instructions if start <= address <= end]
         elements = sum(fp16_elements_loaded(text) for text in body)
-        if elements and any(text.split()[-4:][0].startswith("FFMA") or " FFMA" in f" {text}" for text in body):
+        if elements and any(opcode(text).startswith("FFMA") for text in body):
             result.append(Loop(start, end, len(body), elements))
     return result
 
 
+def opcode(instruction: str) -> str:
+    """``LDG.E.U16`` of ``@P0 LDG.E.U16 R6, [R6.64]``: the predicate skipped."""
+    words = instruction.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0] if words else ""
+
+
 def fp16_elements_loaded(instruction: str) -> int:
     """fp16 elements one global load brings in (LDG.E.U16: 1, LDG.E.64: 4, LDG.E.128: 8; other: 0)."""
-    words = instruction.split()
-    op = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words[0] if words else "")
+    op = opcode(instruction)
     if not op.startswith("LDG"):
         return 0
     parts = op.split(".")
