@@ -1,4 +1,5 @@
-# Two commands do all the set-up: `make lab` opens the course, `make test` runs every check.
+# Two commands do all the set-up: `make lab` opens the course (the exercise copies, in labs/), `make test`
+# runs every check.
 # Both create (or reuse) a virtual environment in .venv.
 #   TORCH_SPEC   which torch to install first (default: a CPU-only release; a bare
 #                `pip install torch` would pull a multi-GB CUDA build). GPU users on
@@ -8,22 +9,43 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.pagedkv-installed
+# Two installs into the same venv: students get only the lab extra; `make test` adds everything CI needs.
+LAB_STAMP := $(VENV)/.pagedkv-lab
+VIZ_STAMP := $(VENV)/.pagedkv-viz
+STAMP := $(VENV)/.pagedkv-dev
 
-.PHONY: lab test lint figures bench visualizer clean
+.PHONY: lab labs test lint figures bench visualizer clean
 
-$(STAMP): pyproject.toml
+define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e ".[$(1)]"
+endef
 
-visualizer: $(STAMP)
+$(LAB_STAMP): pyproject.toml
+	$(call install,lab)
+	touch $(LAB_STAMP)
+
+$(STAMP): pyproject.toml
+	$(call install,dev)
+	touch $(STAMP) $(LAB_STAMP) $(VIZ_STAMP)
+
+$(VIZ_STAMP): pyproject.toml
+	$(call install,viz)
+	touch $(VIZ_STAMP)
+
+visualizer: $(VIZ_STAMP)
 	$(PY) -m pagedkv visualize
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+# The students' exercise notebooks (outputs cleared, answers stubbed) in labs/; never over anyone's edits.
+labs: $(LAB_STAMP)
+	$(PY) -m pagedkv labs --out labs/
+
+# Opens the exercise copies; generates them only if labs/ is missing, so a student's work is never replaced.
+lab: $(LAB_STAMP)
+	test -d labs || $(PY) -m pagedkv labs --out labs/
+	$(VENV)/bin/jupyter lab labs/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -8,8 +8,10 @@ CPU case: 32 seqs x 32 heads x head 128 x 1,024 tokens, block 16, fp32.
   * twin:            paged_attention(backend="cpu"), reading the pages in place
   * sdpa pre-gathered: torch SDPA on K/V already laid out densely (the best a dense kernel can do)
   * gather + sdpa:   copy each sequence's pages out through its block table, then SDPA
-GPU case: batch 64, 32 query heads, 8 KV heads, head 128, fp16, block 16, contexts 512..8,192;
-achieved bandwidth = (K + V bytes read) / time, against a device-to-device copy.
+GPU case: batch 64, 32 query heads, 8 KV heads, head 128, fp16, block 16, contexts 512..8,192; every flavour
+(tree, shuffle, vllm) as v1 and v2, each checked against SDPA before it is timed; achieved bandwidth =
+(unique K + V bytes) / time, against a device-to-device copy measured on the same GPU; baselines: SDPA on
+pre-gathered K/V, gather + SDPA, and FlexAttention (compiled, pre-gathered) where torch has it.
 """
 
 import argparse
@@ -84,6 +86,22 @@ def cuda_time(fn, repeat=20):
     return best
 
 
+def flex_baseline():
+    """FlexAttention (torch >= 2.5) compiled, on pre-gathered K/V with GQA; None where it is missing or fails."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return None
+    compiled = torch.compile(flex_attention)
+    return lambda query, k, v: compiled(query.unsqueeze(2), k, v, enable_gqa=True).squeeze(2)
+
+
+def copy_bandwidth(num_bytes=2**30):
+    """GB/s of a device-to-device copy (read + write): the ceiling a memory-bound kernel is measured against."""
+    buf = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    return 2 * num_bytes / cuda_time(lambda: buf.clone()) / 1e9
+
+
 def gpu_case():
     if CUDA_MODE.simulator or not torch.cuda.is_available():
         print(f"no GPU run: {CUDA_MODE.describe()}; torch.cuda.is_available() = {torch.cuda.is_available()}")
@@ -91,31 +109,44 @@ def gpu_case():
     from pagedkv.kernels import check_attention_args
     from pagedkv.kernels.cuda import paged_attention_cuda
 
-    buf = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    copy = cuda_time(lambda: buf.clone())
-    copy_bw = 2 * buf.numel() / copy / 1e9  # read + write
-    print(f"device: {torch.cuda.get_device_name()}, copy bandwidth {copy_bw:.0f} GB/s")
-    try:
-        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
-        has_flex = True
-    except ImportError:
-        has_flex = False
-    print(f"{'context':>7} {'kernel':<14} {'ms':>8} {'GB/s':>7} {'% copy':>7}  vs gather+SDPA  vs dense SDPA")
+    copy_bw = copy_bandwidth()
+    print(f"machine: {machine()}; device: {torch.cuda.get_device_name()}, device-to-device copy {copy_bw:.0f} GB/s")
+    print("batch 64, 32 query heads / 8 KV heads, head 128, fp16, block 16; GB/s = unique K+V bytes / time")
+    flex = flex_baseline()
+    print(f"{'context':>7} {'kernel':<16} {'ms':>8} {'GB/s':>7} {'% copy':>7}  vs gather+SDPA  vs dense SDPA")
     for seq_len in (512, 1024, 2048, 4096, 8192):
         case = make_paged(64, 32, 8, 128, seq_len, 16, torch.float16, "cuda")
         query, key_cache, value_cache, tables, seq_lens = case
         shape = check_attention_args(*case)
         k, v = gather_dense(key_cache, value_cache, tables, seq_len, 4)
+        expected = sdpa(query, k, v).float()
         bytes_read = 2 * 64 * seq_len * 8 * 128 * 2
-        dense = cuda_time(lambda: sdpa(query, k, v))
-        gathered = cuda_time(lambda: sdpa(query, *gather_dense(key_cache, value_cache, tables, seq_len, 4)))
-        for flavour in ("tree", "shuffle"):
-            for part in (None, 512):
-                t = cuda_time(lambda: paged_attention_cuda(*case, shape, CUDA_MODE, part, flavour=flavour))
-                name = f"{flavour}/{'v2' if part else 'v1'}"
-                print(f"{seq_len:>7} {name:<14} {t * 1e3:8.3f} {bytes_read / t / 1e9:7.0f} "
-                      f"{bytes_read / t / 1e9 / copy_bw:7.0%}  {gathered / t:12.1f}x {dense / t:11.2f}x")
-    if not has_flex:
+
+        def row(name, fn, t_dense=None, t_gathered=None):
+            t = cuda_time(fn)
+            extra = f"  {t_gathered / t:12.1f}x {t_dense / t:11.2f}x" if t_dense else ""
+            print(f"{seq_len:>7} {name:<16} {t * 1e3:8.3f} {bytes_read / t / 1e9:7.0f} "
+                  f"{bytes_read / t / 1e9 / copy_bw:7.0%}{extra}")
+            return t
+
+        dense = row("SDPA pre-gathered", lambda: sdpa(query, k, v))
+        gathered = row("gather + SDPA", lambda: sdpa(query, *gather_dense(key_cache, value_cache, tables, seq_len, 4)))
+        if flex is not None:
+            try:
+                k8, v8 = (x[:, ::4].contiguous() for x in (k, v))  # FlexAttention does the GQA itself
+                torch.testing.assert_close(flex(query, k8, v8).float(), expected, atol=2e-2, rtol=2e-2)
+                row("Flex pre-gathered", lambda: flex(query, k8, v8))
+            except Exception as error:  # an old torch or an unsupported shape: say so, keep going
+                print(f"{seq_len:>7} FlexAttention failed: {type(error).__name__}: {str(error)[:80]}")
+        for flavour in ("tree", "shuffle", "vllm"):
+            for part, version in ((0, "v1"), (512, "v2")):
+                run = lambda: paged_attention_cuda(*case, shape, CUDA_MODE, part, flavour=flavour)
+                error = (run().float() - expected).abs().max().item()  # checked before it is timed
+                if error > 2e-2:
+                    print(f"{seq_len:>7} {flavour}/{version}: WRONG, max error {error:.3g} against SDPA; not timed")
+                    return 1
+                row(f"{flavour}/{version}", run, dense, gathered)
+    if flex is None:
         print("FlexAttention is not in this torch; no comparison with it.")
     return 0
 

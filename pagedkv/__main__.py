@@ -50,7 +50,7 @@ def figures(out: str) -> int:
 
 def labs(notebooks: str, out: str) -> int:
     os.environ.setdefault("PAGEDKV_QUIET", "1")  # generating notebooks runs no kernel: no GPU notice
-    from pagedkv.labs.generate import generate_labs
+    from pagedkv.labs.generate import generate_labs, is_untouched_lab
 
     if not Path(notebooks).is_dir():
         return fail(f"--notebooks {notebooks} is not a folder of notebooks.")
@@ -59,10 +59,11 @@ def labs(notebooks: str, out: str) -> int:
     if Path(out).resolve() == Path(notebooks).resolve():
         return fail(f"--out {out} is the solutions folder: the labs would overwrite every solution. "
                     "Write them somewhere else (default: labs/).")
-    not_labs = [p.name for p in sorted(Path(out).glob("[0-9][0-9]_*.ipynb")) if not _is_generated_lab(p)]
-    if not_labs:
-        return fail(f"{out} holds notebooks that are not generated labs ({', '.join(not_labs[:3])}); refusing to "
-                    "overwrite them. Choose an empty folder.")
+    kept = [p.name for p in sorted(Path(out).glob("[0-9][0-9]_*.ipynb")) if not is_untouched_lab(p)]
+    if kept:
+        return fail(f"{out} holds notebooks that are not untouched generated labs ({', '.join(kept[:3])}): "
+                    "solutions, or labs someone has edited (a student's answers?). Refusing to overwrite them; "
+                    "move them away or choose another --out.")
     try:
         paths = generate_labs(notebooks, out)
     except (ValueError, KeyError, TypeError) as error:  # json.JSONDecodeError is a ValueError
@@ -92,15 +93,6 @@ def visualize(port: int, open_browser: bool) -> int:
     print(f"pagedkv visualizer: http://127.0.0.1:{port}/  (Ctrl-C stops it)", flush=True)
     os.environ.setdefault("PAGEDKV_QUIET", "1")
     os.execv(sys.executable, command)  # Voila replaces this process: Ctrl-C and signals reach it directly
-
-
-def _is_generated_lab(path: Path) -> bool:
-    import json
-
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["cells"][0]["id"] == "lab-header"
-    except (ValueError, KeyError, IndexError, TypeError, OSError):
-        return False
 
 
 def main(argv=None) -> int:

@@ -129,6 +129,34 @@ def test_vllm_flavour_matches_sdpa(block_size, heads, head_size, dtype, partitio
     torch.testing.assert_close(out.float(), sdpa(*case), atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("flavour", ["tree", "vllm"])
+def test_v1_and_v2_can_be_forced(flavour):
+    """partition_size=0 forces v1, a partition size forces v2: both agree with SDPA in the simulator."""
+    case = make_case([3, 17, 40], num_heads=4, num_kv_heads=2, head_size=16, block_size=8, dtype=torch.float16)
+    for partition_size in (0, 8, 16):
+        shape = check_attention_args(*case, None, "cuda", partition_size)
+        out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour=flavour)
+        torch.testing.assert_close(out.float(), sdpa(*case), atol=TOL[torch.float16], rtol=TOL[torch.float16])
+    torch.testing.assert_close(paged_attention(*case, backend="cuda", partition_size=0).float(), sdpa(*case),
+                               atol=TOL[torch.float16], rtol=TOL[torch.float16])
+
+
+def test_forced_v1_refuses_what_its_shared_memory_cannot_hold():
+    case = make_case([9000], num_heads=1, num_kv_heads=1, head_size=8, block_size=16)
+    with pytest.raises(ValueError, match="partition_size=0 forces v1"):
+        paged_attention(*case, backend="cuda", partition_size=0)
+
+
+def test_the_gpu_default_is_the_vllm_flavour_where_it_fits():
+    from pagedkv.kernels.cuda import _default_flavour
+
+    fits = check_attention_args(*make_case([5], num_heads=2, num_kv_heads=2, head_size=16, block_size=16))
+    odd = check_attention_args(*make_case([5], num_heads=2, num_kv_heads=2, head_size=6, block_size=16))
+    assert _default_flavour(fits, torch.float16, simulator=False) == "vllm"
+    assert _default_flavour(odd, torch.float16, simulator=False) == "shuffle"  # 6 fp16 values: no whole words
+    assert _default_flavour(fits, torch.float16, simulator=True) == "tree"
+
+
 def test_vllm_flavour_refuses_sizes_it_cannot_split():
     case = make_case([5], num_heads=2, num_kv_heads=2, head_size=6, block_size=4, dtype=torch.float16)
     shape = check_attention_args(*case, None, "cuda", None)
@@ -154,13 +182,13 @@ def test_auto_backend():
 
 @pytest.mark.skipif(not ON_GPU, reason="the warp-shuffle kernel needs a real GPU (no shuffles in the simulator)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("partition_size", [None, 512])
+@pytest.mark.parametrize("partition_size", [None, 0, 512])  # auto, forced v1, v2
 def test_gpu_kernels_every_flavour(dtype, partition_size):
     case = make_case([1, 16, 600, 2000, 4096], num_heads=32, num_kv_heads=8, head_size=128, block_size=16,
                      dtype=dtype)
     shape = check_attention_args(*case)
     expected = sdpa(*case)
-    for flavour in ("tree", "shuffle", "vllm"):
+    for flavour in ("tree", "shuffle", "vllm", None):  # None: the GPU default
         out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour=flavour)
         torch.testing.assert_close(out.float().cpu(), expected, atol=TOL[dtype], rtol=TOL[dtype])
 

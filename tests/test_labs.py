@@ -1,9 +1,12 @@
 """The students' exercise notebooks are generated from the solution notebooks, and their checks are friendly."""
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from pagedkv.labs import check
 from pagedkv.labs.generate import generate_labs, strip_solutions
@@ -48,6 +51,8 @@ def test_stubs():
     todo = "...  # TODO: your answer\n"
     assert strip_solutions(source) == f"# Hint: think\nx = {todo}y = {todo}print(x)\n"
     body = "def f(a):\n    ### BEGIN SOLUTION\n    return a\n    ### END SOLUTION\n"
+    hidden = "x = 1\n### BEGIN HIDDEN TESTS\ncheck.grading()\n### END HIDDEN TESTS\ncheck.exercise('k', x)\n"
+    assert strip_solutions(hidden) == "x = 1\ncheck.exercise('k', x)\n"
     assert strip_solutions(body) == 'def f(a):\n    raise NotImplementedError("TODO: write this part")\n'
 
 
@@ -74,12 +79,95 @@ def test_checks_print_and_never_raise(capsys):
     check.report("x", 2, 3, "hint here")
     check.report("x", "3", 3)
     check.report("x", 3.0001, 3, tolerance=1e-3)
-    check.slot_mapping(lambda table, bs, n: 1 / 0)
-    check.slot_mapping(lambda table, bs, n: [0] * n)
+    check.exercise("02.E2", lambda table, bs, n: 1 / 0)
+    check.exercise("02.E2", lambda table, bs, n: [0] * n)
+    check.exercise("02.E2", 42)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[not yet] x: no answer yet")
-    assert out[1] == "[not yet] x: expected 3, got 2. Hint: hint here"
-    assert out[2].startswith("[not yet] x: expected 3, got '3'")
+    assert out[1] == "[not yet] x: 2 is not it yet: the answer is too low. Hint: hint here"
+    assert out[2] == "[not yet] x: '3' is not it yet: the answer should be a number, not a str."
     assert out[3].startswith("[ok]")
-    assert "raised ZeroDivisionError" in out[4]
-    assert out[5] == "[not yet] slot_mapping([0], 4, 3): expected [0, 1, 2], got [0, 0, 0]."
+    assert "raised ZeroDivisionError" in out[4] and "check.reveal('02.E2')" in out[4]
+    assert out[5].startswith("[not yet] 02.E2 slot_mapping([0], 4, 3) returned [0, 0, 0]: value 2 is too low.")
+    assert out[6] == "[not yet] 02.E2 slot_mapping: expected a function, got a int."
+
+
+@pytest.mark.parametrize("answer", [(150, 250, 1648), [150, 250, 1648], np.array([150, 250, 1648]),
+                                    torch.tensor([150, 250, 1648]), (np.int64(150), 250.0, 1648)])
+def test_values_are_compared_not_types(answer, capsys):
+    assert check.exercise("06.E1", answer)
+    out = capsys.readouterr().out
+    assert out.startswith("[ok]")
+    assert ("the values are what count" in out) == (not isinstance(answer, tuple))
+
+
+def test_a_failed_check_never_shows_the_answer(capsys):
+    from pagedkv.labs.exercises import EXERCISES
+
+    for key, exercise in EXERCISES.items():
+        if exercise.cases:
+            continue
+        expected = exercise.expected()
+        wrong = "not an answer" if not isinstance(expected, (int, float)) else expected + 1
+        assert not check.exercise(key, wrong)
+        out = capsys.readouterr().out
+        assert out.startswith("[not yet]") and repr(expected) not in out, key
+    assert not check.exercise("06.E1", (150, 250, 1600))
+    assert "value 3 is too low" in capsys.readouterr().out
+    assert not check.exercise("06.E1", [150, 250])
+    assert "has 2 values; 3 are wanted" in capsys.readouterr().out
+
+
+def test_reveal_shows_the_answer_on_request(capsys):
+    check.reveal("05.E2")
+    assert "[3, 4, 5, 6, 7, 2, 1, 0]" in capsys.readouterr().out
+    check.reveal("02.E2")
+    assert "def slot_mapping" in capsys.readouterr().out
+
+
+def test_grading_mode_raises_the_same_message(capsys):
+    check.grading()
+    try:
+        with pytest.raises(AssertionError, match="no answer yet"):
+            check.exercise("02.E1", ...)
+        with pytest.raises(AssertionError, match="02.E1 next block: 0 is not it yet"):
+            check.exercise("02.E1", 0)
+        with pytest.raises(AssertionError, match="not written yet"):
+            check.exercise("02.E3", lambda *args: exec("raise NotImplementedError"))
+        assert check.exercise("02.E1", 4)
+    finally:
+        check.grading(False)
+    assert capsys.readouterr().out.startswith("[ok] 02.E1")
+
+
+def test_every_exercise_solution_passes_its_own_check(capsys):
+    from pagedkv.labs.exercises import EXERCISES
+
+    for key, exercise in EXERCISES.items():
+        answer = exercise.solution if exercise.cases else exercise.expected()
+        assert check.exercise(key, answer), capsys.readouterr().out
+
+
+def test_labs_drop_the_hidden_grading_lines(labs):
+    for path in labs:
+        text = path.read_text()
+        assert "HIDDEN TESTS" not in text and "grading()" not in text and "nbgrader" not in text, path.name
+
+
+def test_the_labs_command_never_overwrites_solutions_or_a_students_work(tmp_path, capsys):
+    from pagedkv.__main__ import main
+
+    assert main(["labs", "--notebooks", str(NOTEBOOKS), "--out", str(NOTEBOOKS)]) == 2
+    assert "is the solutions folder" in capsys.readouterr().err
+    out = tmp_path / "labs"
+    assert main(["labs", "--notebooks", str(NOTEBOOKS), "--out", str(out)]) == 0
+    assert main(["labs", "--notebooks", str(NOTEBOOKS), "--out", str(out)]) == 0  # untouched labs: regenerated
+    lab = out / SOLUTIONS[1].name
+    notebook = json.loads(lab.read_text())
+    notebook["cells"][-2]["source"] = ["next_block = 3\n"]  # a student's answer
+    lab.write_text(json.dumps(notebook))
+    capsys.readouterr()
+    assert main(["labs", "--notebooks", str(NOTEBOOKS), "--out", str(out)]) == 2
+    assert "someone has edited" in capsys.readouterr().err and "next_block = 3" in lab.read_text()
+    shutil.copy(SOLUTIONS[0], out / SOLUTIONS[0].name)
+    assert main(["labs", "--notebooks", str(NOTEBOOKS), "--out", str(out)]) == 2

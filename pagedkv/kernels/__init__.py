@@ -36,7 +36,8 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale
     num_kv_heads, head_size]``; ``block_tables int32 [num_seqs, max_blocks_per_seq]``;
     ``seq_lens int32 [num_seqs]``.  Returns ``[num_seqs, num_heads, head_size]`` in
     the query's dtype.  ``partition_size`` (a multiple of block_size, at most 8192)
-    selects the partitioned v2 kernel on the ``"cuda"`` backend.  On a GPU the
+    selects the partitioned v2 kernel on the ``"cuda"`` backend, ``0`` forces v1, and
+    ``None`` picks as vLLM does.  On a GPU the
     kernels run on the tensors' device, on torch's current stream.
     """
     shape = check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, scale,

@@ -28,7 +28,8 @@ Two reduction *flavours* are chosen when a kernel is built:
 Neither is vLLM's mapping: there a warp takes a whole KV block (one block-table
 read), a *thread group* of ``max(32 // block_size, 1)`` threads takes a token
 and splits ``head_size`` into 16-byte vectors, and the logits live in dynamic
-shared memory.  The third flavour, ``"vllm"`` (``cuda_vllm.py``), does that;
+shared memory.  The third flavour, ``"vllm"`` (``cuda_vllm.py``), does that,
+and is the default on a GPU wherever its sizes fit (``"shuffle"`` otherwise);
 ``benchmarks/RESULTS.md`` ("Static kernel report") counts what each costs.
 """
 
@@ -295,6 +296,19 @@ def _kernels(shape, num_threads: int, flavour: str, logits_len: int, dtype: torc
     return v1, v2, build_kernels(shape.head_size, shape.block_size, num_threads, "tree", logits_len)[2]
 
 
+def _default_flavour(shape, dtype: torch.dtype, simulator: bool) -> str:
+    """The simulator runs the teaching kernel; a GPU the vLLM-shaped one, when it can split these sizes."""
+    if simulator:
+        return "tree"
+    from .cuda_vllm import check_sizes
+
+    try:
+        check_sizes(shape.head_size, shape.block_size, 128, str(dtype).removeprefix("torch."))
+    except PagedKVValueError:
+        return "shuffle"
+    return "vllm"
+
+
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -339,14 +353,16 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
                          partition_size: int | None = None, flavour: str | None = None,
                          num_threads: int | None = None) -> torch.Tensor:
     """Launch v1 or v2 (arguments already validated; ``shape`` is their AttentionShape)."""
-    flavour = flavour or ("tree" if mode.simulator else "shuffle")
+    flavour = flavour or _default_flavour(shape, query.dtype, mode.simulator)
     if flavour == "shuffle" and mode.simulator:
         raise PagedKVValueError("the 'shuffle' kernel needs a real GPU (the simulator has no warp shuffles); "
                                 "use flavour='tree' or 'vllm'.")
     if flavour not in ("tree", "shuffle", "vllm"):
         raise PagedKVValueError(f"flavour must be 'tree', 'shuffle' or 'vllm', got {flavour!r}.")
     num_threads = num_threads or (64 if flavour == "vllm" and mode.simulator else 16 if mode.simulator else 128)
-    if partition_size is None:  # vLLM's rule: v1 unless the context is long and the grid is small
+    if partition_size == 0:  # forced v1
+        partition_size = None
+    elif partition_size is None:  # vLLM's rule: v1 unless the context is long and the grid is small
         max_partitions = -(-shape.max_seq_len // PARTITION_SIZE)
         use_v1 = shape.max_seq_len <= MAX_V1_TOKENS and (
             max_partitions == 1 or shape.num_seqs * shape.num_heads > 512)

@@ -84,6 +84,20 @@ def check_sizes(head_size: int, block_size: int, num_threads: int, dtype: str) -
             "use flavour='tree'.")
 
 
+def thread_group_layout(block_size: int, words: int) -> tuple[int, int, int, int]:
+    """How a warp splits one KV block: ``(group_size, groups_per_warp, tokens_per_group, words_per_thread)``.
+
+    vLLM's ``THREAD_GROUP_SIZE`` is ``max(32 // block_size, 1)`` lanes per token; a warp holds
+    ``32 // group_size`` groups, so with blocks larger than 32 tokens each group takes several tokens
+    (``NUM_TOKENS_PER_THREAD_GROUP``); the group's lanes share a token's ``words`` 64-bit words.
+    """
+    group_size = max(WARP_SIZE // block_size, 1)
+    groups_per_warp = WARP_SIZE // group_size
+    tokens_per_group = max(block_size // groups_per_warp, 1)
+    words_per_thread = -(-words // group_size)
+    return group_size, groups_per_warp, tokens_per_group, words_per_thread
+
+
 @functools.cache
 def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits_len: int, dtype: str,
                        simulated: bool, jit: bool = True):
@@ -96,10 +110,7 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
     per_word = WORD_BYTES // np.dtype(element).itemsize  # values unpacked from one 64-bit word
     num_warps = num_threads // WARP_SIZE
     words = head_size // per_word  # 64-bit words in one token's row of one head
-    group_size = max(WARP_SIZE // block_size, 1)  # vLLM's THREAD_GROUP_SIZE
-    groups_per_warp = WARP_SIZE // group_size
-    tokens_per_group = max(block_size // groups_per_warp, 1)  # vLLM's NUM_TOKENS_PER_THREAD_GROUP
-    words_per_thread = -(-words // group_size)
+    group_size, groups_per_warp, tokens_per_group, words_per_thread = thread_group_layout(block_size, words)
     v_lanes = min(WARP_SIZE, 1 << (words.bit_length() - 1))  # lanes sharing one value row: a power of two
     v_rows = WARP_SIZE // v_lanes  # value rows (tokens) a warp reads at once
     v_words_per_lane = -(-words // v_lanes)

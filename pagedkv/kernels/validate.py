@@ -102,12 +102,17 @@ def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, 
                               f"the cache's {num_blocks} blocks (valid ids 0..{num_blocks - 1}).")
     if partition_size is not None:
         whole = isinstance(partition_size, int) and not isinstance(partition_size, bool)
-        _require(whole and partition_size > 0 and partition_size % block_size == 0,
+        _require(whole and partition_size >= 0 and partition_size % block_size == 0,
                  PagedKVValueError,
-                 f"partition_size must be a positive multiple of block_size ({block_size}), got {partition_size!r}.")
+                 f"partition_size must be 0 (force v1) or a positive multiple of block_size ({block_size}), "
+                 f"got {partition_size!r}.")
         _require(partition_size <= MAX_PARTITION_SIZE, PagedKVValueError,
                  f"partition_size {partition_size} is too large: one partition's float32 logits live in 48 KB "
                  f"of shared memory, so at most {MAX_PARTITION_SIZE} tokens (vLLM uses 512).")
+        _require(partition_size > 0 or num_seqs == 0 or int(lens.max()) <= MAX_PARTITION_SIZE, PagedKVValueError,
+                 f"partition_size=0 forces v1, which holds a whole sequence's float32 logits in 48 KB of shared "
+                 f"memory: at most {MAX_PARTITION_SIZE} tokens, and the longest sequence has {int(lens.max())}. "
+                 "Pass partition_size=512 (v2) or None.")
     if scale is None:
         scale = head_size ** -0.5
     _require(isinstance(scale, Real) and not isinstance(scale, bool) and math.isfinite(scale), PagedKVValueError,

@@ -1,62 +1,156 @@
-"""Answer checks for the exercises: a friendly line, never a bare assertion traceback.
+"""Answer checks for the exercises: say what is wrong, never crash, never give the answer away.
 
-Each check compares a student's answer with what the package itself computes
-and prints either a pass message or what differs (the input, what was
-expected, what was given).  Checks print and return None, so a notebook cell shows only the message.
+Every exercise has a key such as ``"02.E1"``.  Its expected answer is not
+written in the notebook: ``exercises.py`` computes it by running the package
+itself (the allocator, the scheduler, the kernel's own index arithmetic), and
+``check.exercise(key, answer)`` compares.  A failed check says *which part* is
+off and gives a hint towards the idea; ``check.reveal(key)`` shows the answer
+to a student who asks for it.
+
+Values are compared, not types: a list, a tuple, a numpy array and a torch
+tensor holding the same numbers are the same answer (the check says so when
+only the type differs).
+
+Two modes:
+
+* **student mode** (the default): prints ``[ok]`` or ``[not yet]`` and never raises;
+* **grading mode** (``check.grading()``, which nbgrader's hidden test lines
+  call, or ``PAGEDKV_GRADING=1``): a wrong or missing answer raises
+  ``AssertionError`` with the same message, so ``nbgrader autograde`` gives the
+  exercise no points.
 """
 
 from __future__ import annotations
 
-from ..sizing import MODELS, ModelSpec, cache_block_bytes
+import inspect
+import math
+import os
+from enum import Enum
+from numbers import Number
 
 PASS, FAIL = "[ok]", "[not yet]"
+_grading = os.environ.get("PAGEDKV_GRADING") == "1"
 
 
-def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0) -> None:
-    """Print whether ``got`` equals ``expected`` (within a relative ``tolerance`` for numbers)."""
-    if got is None or got is Ellipsis:
-        print(f"{FAIL} {name}: no answer yet - replace the ... with your answer.")
-        return
-    try:
-        ok = abs(got - expected) <= tolerance * abs(expected) if tolerance else got == expected
-    except TypeError:
-        ok = False
-    if ok:
-        print(f"{PASS} {name}: {got!r} is right.")
-    else:
-        print(f"{FAIL} {name}: expected {expected!r}, got {got!r}." + (f" Hint: {hint}" if hint else ""))
+def grading(on: bool = True) -> None:
+    """Switch grading mode on (nbgrader's hidden tests do) or off."""
+    global _grading
+    _grading = bool(on)
 
 
-def block_bytes(answer, spec: ModelSpec | None = None, block_size: int = 16) -> None:
-    """Bytes of one block of ``spec`` (default Llama-3-8B in fp16)."""
-    spec = spec or MODELS["llama-3-8b"]
-    report(f"bytes of a {block_size}-token block of {spec.name}", answer, cache_block_bytes(spec, block_size),
-                  "K and V (x2), every layer, every KV head (not every query head), head_size, bytes per element.")
+def plain(value):
+    """The value without its container type: tensors, arrays, tuples become lists; numpy scalars Python numbers."""
+    if isinstance(value, (str, bytes, Enum)):
+        return value
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, torch tensors
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
 
 
-def function_cases(name: str, student_fn, reference_fn, cases) -> None:
-    """Run ``student_fn`` and ``reference_fn`` on each case; report the first difference."""
+def _kind(value) -> str:
+    return type(value).__name__
+
+
+def difference(got, expected, tolerance: float = 0.0, where: str = "") -> str | None:
+    """What is wrong with ``got``, in words that do not give ``expected`` away; None when they agree."""
+    if isinstance(expected, list):
+        if not isinstance(got, list):
+            return f"{where or 'the answer'} should be a sequence of {len(expected)} values, not a {_kind(got)}"
+        if len(got) != len(expected):
+            return f"{where or 'the answer'} has {len(got)} values; {len(expected)} are wanted"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            problem = difference(g, e, tolerance, f"value {i + 1} of {where}" if where else f"value {i + 1}")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, Number) and not isinstance(expected, bool):
+        if not isinstance(got, Number) or isinstance(got, bool):
+            return f"{where or 'the answer'} should be a number, not a {_kind(got)}"
+        if math.isclose(got, expected, rel_tol=tolerance, abs_tol=0.0 if tolerance else 1e-12):
+            return None
+        return f"{where or 'the answer'} is too {'high' if got > expected else 'low'}"
+    if got == expected:
+        return None
+    if isinstance(expected, Enum) and not isinstance(got, Enum):
+        return f"{where or 'the answer'} should be one of {type(expected).__name__}'s members, not a {_kind(got)}"
+    return f"{where or 'the answer'} is not right"
+
+
+def type_note(got, expected) -> str:
+    """A word when the values agree but the container differs (never a reason to fail)."""
+    outer = (type(got), type(expected))
+    if outer[0] is outer[1] or not isinstance(expected, (list, tuple)):
+        return ""
+    return f" (you gave a {_kind(got)} where a {_kind(expected)} was asked: the values are what count)"
+
+
+def _fail(message: str, key: str | None) -> None:
+    if _grading:
+        raise AssertionError(message)
+    print(message + (f" Stuck? check.reveal({key!r}) shows the answer." if key else ""))
+
+
+def _blank(value) -> bool:
+    return value is None or value is Ellipsis
+
+
+def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key: str | None = None) -> bool:
+    """Compare one answer with the expected value; print (or, grading, raise) the verdict. True when right."""
+    if _blank(got) or (isinstance(got, (list, tuple)) and any(_blank(g) for g in got)):
+        _fail(f"{FAIL} {name}: no answer yet - replace the ... with your answer.", None)
+        return False
+    problem = difference(plain(got), plain(expected), tolerance)
+    if problem:
+        _fail(f"{FAIL} {name}: {got!r} is not it yet: {problem}." + (f" Hint: {hint}" if hint else ""), key)
+        return False
+    print(f"{PASS} {name}: right{type_note(got, expected)}.")
+    return True
+
+
+def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", key: str | None = None) -> bool:
+    """Run ``student_fn`` and ``reference_fn`` on each case; report the first case that differs."""
+    if not callable(student_fn):
+        _fail(f"{FAIL} {name}: expected a function, got a {_kind(student_fn)}.", None)
+        return False
     for args in cases:
-        expected = reference_fn(*args)
+        shown = ", ".join(repr(a) for a in args)
         try:
             got = student_fn(*args)
         except NotImplementedError:
-            print(f"{FAIL} {name}: not written yet (it raises NotImplementedError).")
-            return
-        except Exception as e:  # a student's bug: show it as a message, not a traceback
-            print(f"{FAIL} {name}{args}: raised {type(e).__name__}: {e}")
-            return
-        if got != expected:
-            print(f"{FAIL} {name}{args}: expected {expected!r}, got {got!r}.")
-            return
+            _fail(f"{FAIL} {name}: not written yet (it raises NotImplementedError).", None)
+            return False
+        except Exception as error:  # a student's bug: a message, not a traceback
+            _fail(f"{FAIL} {name}({shown}) raised {type(error).__name__}: {error}." + (f" Hint: {hint}" if hint
+                                                                                         else ""), key)
+            return False
+        problem = difference(plain(got), plain(reference_fn(*args)))
+        if problem:
+            _fail(f"{FAIL} {name}({shown}) returned {got!r}: {problem}." + (f" Hint: {hint}" if hint else ""), key)
+            return False
     print(f"{PASS} {name}: all {len(cases)} cases right.")
+    return True
 
 
-def slot_mapping(fn) -> None:
-    """``fn(block_table, block_size, num_tokens) -> list of slots``."""
+def exercise(key: str, *answers) -> bool:
+    """Check the answer(s) to exercise ``key`` (e.g. ``"02.E1"``); several answers are checked as one tuple."""
+    from .exercises import EXERCISES
 
-    def reference(table, block_size, num_tokens):
-        return [table[pos // block_size] * block_size + pos % block_size for pos in range(num_tokens)]
+    ex = EXERCISES[key]
+    title = f"{key} {ex.title}"
+    if ex.cases:
+        return function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key)
+    answer = answers[0] if len(answers) == 1 else tuple(answers)
+    return report(title, answer, ex.expected(), ex.hint, ex.tolerance, key)
 
-    cases = [([0], 4, 3), ([2, 0], 4, 6), ([7, 3, 5], 2, 5), ([1, 9], 16, 17)]
-    function_cases("slot_mapping", fn, reference, cases)
+
+def reveal(key: str) -> None:
+    """Print the answer to exercise ``key``: try first, then ask."""
+    from .exercises import EXERCISES
+
+    ex = EXERCISES[key]
+    if ex.cases:
+        print(f"{key} {ex.title}, one way to write it:\n{inspect.getsource(ex.solution)}")
+    else:
+        print(f"{key} {ex.title}: {ex.expected()!r}")

@@ -7,7 +7,12 @@ just above).  The generator replaces each region with a stub:
 * at the top level, every ``name = ...`` the region assigns becomes
   ``name = ...  # TODO`` (the check cell then says "no answer yet");
 * inside a function, the body becomes ``raise NotImplementedError("TODO ...")``
-  (the check cell reports it as not written yet).
+  (the check cell reports it as not written yet);
+* ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` regions (the lines that
+  switch nbgrader's autograde to grading mode) are removed.
+
+The same markers drive nbgrader (``nbgrader generate_assignment``), whose cell
+metadata the solution notebooks carry: see notebooks/README.md.
 
 It also strips every output and execution count, drops saved widget state, and
 puts a header cell on top.  Output is deterministic: running it twice writes
@@ -16,23 +21,26 @@ the same bytes.  Notebooks are JSON, so no Jupyter library is needed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
 
 REGION = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION[^\n]*\n(?P<body>.*?)^[ \t]*### END SOLUTION[^\n]*(\n|$)",
                     re.M | re.S)
+HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HIDDEN TESTS[^\n]*(\n|$)", re.M | re.S)
 ASSIGNED = re.compile(r"^(\w+)\s*=(?!=)", re.M)
 
 HEADER = """# Lab version of notebook {number}
 
 This is the **exercise** copy of `{name}`: outputs are cleared and the parts for you to write say
-`TODO`. Work top to bottom (*Run > Run All Cells* once, then cell by cell).
+`TODO`. Work top to bottom, one cell at a time:
 
-* Before each code cell, **predict** what it will print; then run it and compare.
-* In the exercise cells, replace each `...` (or `raise NotImplementedError`) with your answer.
-* Run the **check cell** right after: it prints `[ok]` for each right answer, or what it expected,
-  what you gave, and a hint. A check never crashes the notebook.
+* Before each code cell, **predict** what it will print (the *Predict* prompts ask you to write it down);
+  then run it and compare. Running everything at once would show you the answers before you think.
+* In each exercise's answer cell, replace the `...` (or the `raise NotImplementedError`) with your answer,
+  then run the **check cell** under it. It prints `[ok]`, or which part is off and a hint, never the
+  answer; `check.reveal("NN.Ek")` shows the answer if you are stuck. A check never crashes the notebook.
 
 No GPU is needed: the CUDA kernel runs in numba's CUDA simulator. Please do not publish solutions.
 """
@@ -49,7 +57,24 @@ def stub(indent: str, body: str) -> str:
 
 
 def strip_solutions(source: str) -> str:
-    return REGION.sub(lambda m: stub(m.group("indent"), m.group("body")), source)
+    """Solution regions become stubs; hidden test regions (nbgrader's grading lines) disappear."""
+    return HIDDEN.sub("", REGION.sub(lambda m: stub(m.group("indent"), m.group("body")), source))
+
+
+def fingerprint(cells) -> str:
+    """A hash of the cells' sources: it changes as soon as anyone edits the notebook."""
+    text = "\x00".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def is_untouched_lab(path) -> bool:
+    """True for a generated lab nobody has edited since (running it is fine): safe to overwrite."""
+    try:
+        notebook = json.loads(Path(path).read_text(encoding="utf-8"))
+        stored = notebook["metadata"]["pagedkv_lab"]["fingerprint"]
+        return notebook["cells"][0]["id"] == "lab-header" and stored == fingerprint(notebook["cells"])
+    except (ValueError, KeyError, IndexError, TypeError, OSError):
+        return False
 
 
 def make_exercise(notebook: dict, name: str) -> dict:
@@ -59,13 +84,14 @@ def make_exercise(notebook: dict, name: str) -> dict:
     for index, cell in enumerate(notebook["cells"]):
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         new = {"cell_type": cell["cell_type"], "id": cell.get("id", f"cell-{index}"),  # stable ids: no churn
-               "metadata": dict(cell.get("metadata", {}))}
+               "metadata": {k: v for k, v in cell.get("metadata", {}).items() if k != "nbgrader"}}
         if cell["cell_type"] == "code":
             new.update(execution_count=None, outputs=[])
             source = strip_solutions(source)
         new["source"] = source.splitlines(keepends=True)  # nbformat's on-disk form: a list of lines
         cells.append(new)
     metadata = {k: v for k, v in notebook.get("metadata", {}).items() if k != "widgets"}
+    metadata["pagedkv_lab"] = {"fingerprint": fingerprint(cells)}  # lets a re-run tell a student's edits apart
     return {"cells": cells, "metadata": metadata, "nbformat": notebook.get("nbformat", 4),
             "nbformat_minor": notebook.get("nbformat_minor", 5)}
 

@@ -1,0 +1,372 @@
+"""Every graded exercise of the course: its title, a hint, and how its answer is computed.
+
+No expected value is written down here either: each ``expected`` function
+replays the situation on the package itself (an allocator, a manager, a
+scheduler, the tiny model), so an answer is right exactly when it agrees with
+what the code the notebook teaches does.  Function exercises list their test
+``cases`` and a readable ``solution``, which ``check.reveal`` shows; where the
+package can answer a case on its own, ``reference`` replays it there instead.
+
+Hints point at the idea, never at the number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+
+@dataclass(frozen=True)
+class Exercise:
+    title: str
+    hint: str
+    expected: Callable[[], object] | None = None  # value exercises: computes the answer
+    solution: Callable | None = None  # function exercises: one way to write it (shown by check.reveal)
+    cases: tuple = ()  # function exercises: the argument tuples it is checked on
+    reference: Callable | None = None  # function exercises: the package's own answer (default: ``solution``)
+    tolerance: float = 0.0
+
+    def __post_init__(self):
+        if self.cases and self.reference is None:
+            object.__setattr__(self, "reference", self.solution)
+
+
+# ----------------------------------------------------------------- 01 sizing
+def _tp4_blocks_per_gpu():
+    from ..sizing import MODELS, GiB, cache_block_bytes
+
+    spec = MODELS["llama-2-70b"]
+    shard = dataclasses.replace(spec, num_heads=spec.num_heads // 4, num_kv_heads=spec.num_kv_heads // 4)
+    return 40 * GiB // cache_block_bytes(shard, 16)
+
+
+def _mistral_blocks():
+    from ..sizing import MODELS, GiB, cache_block_bytes
+
+    return 40 * GiB // cache_block_bytes(MODELS["mistral-7b"], 16)
+
+
+def _empty_slots():
+    from ..sizing import blocks_needed
+
+    return blocks_needed(4097, 32) * 32 - 4097
+
+
+# ------------------------------------------------------------- 02 allocation
+def _next_block_after_frees():
+    from ..blocks import BlockAllocator
+
+    allocator = BlockAllocator(5, 16)
+    for _ in range(4):
+        allocator.allocate()
+    allocator.free(2)
+    allocator.free(0)
+    return allocator.allocate()
+
+
+def slot_mapping(block_table, block_size, num_tokens):
+    """The slot of every token: its physical block, times block_size, plus its offset in the block."""
+    return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(num_tokens)]
+
+
+def alloc_status(num_required_blocks, num_free_blocks, num_total_blocks, watermark_blocks):
+    """can_allocate's answer: NEVER if even an empty pool would dip below the watermark, OK if the free blocks
+    stay above it, LATER otherwise."""
+    from ..manager import AllocStatus
+
+    if num_total_blocks - num_required_blocks < watermark_blocks:
+        return AllocStatus.NEVER
+    if num_free_blocks - num_required_blocks >= watermark_blocks:
+        return AllocStatus.OK
+    return AllocStatus.LATER
+
+
+def _manager_alloc_status(num_required_blocks, num_free_blocks, num_total_blocks, watermark_blocks):
+    """The same question asked of a real BlockSpaceManager (block_size 1, so blocks == tokens)."""
+    from ..manager import BlockSpaceManager
+
+    watermark = (watermark_blocks + 0.5) / num_total_blocks  # int(watermark * total) == watermark_blocks
+    manager = BlockSpaceManager(1, num_total_blocks, watermark=watermark)
+    if num_total_blocks > num_free_blocks:
+        manager.allocate("others", range(num_total_blocks - num_free_blocks))
+    return manager.can_allocate(num_required_blocks)
+
+
+# ---------------------------------------------------------- 03 copy-on-write
+def _child_append_copies():
+    from ..manager import BlockSpaceManager
+
+    manager = BlockSpaceManager(4, 10)
+    manager.allocate("p", range(5))
+    manager.fork("p", "c")
+    return manager.append_slots("c", range(4))
+
+
+def _three_way_fork_blocks():
+    from ..manager import BlockSpaceManager
+
+    manager = BlockSpaceManager(4, 20)
+    manager.allocate(0, range(13))
+    for child in (1, 2):
+        manager.fork(0, child)
+    for seq in (0, 1, 2):
+        manager.append_slots(seq, [99])
+    return 20 - manager.num_free_gpu_blocks
+
+
+# ------------------------------------------------------------ 04 beam search
+def _beam_blocks_after_step_1():
+    from ..decoding import BeamSearch
+    from ..paged_cache import PagedKVCache
+
+    search = BeamSearch(PagedKVCache(16, 4, 1, 2, watermark=0.0), [1, 2, 3, 4, 5, 6], width=2)
+    return search.step().blocks_in_use
+
+
+def _pruned_beam():
+    """Beams X = [0, 1, 2] and Y = [0, 1, 3]; both survivors descend from X: fork X, free Y, append one each."""
+    from ..manager import BlockSpaceManager
+
+    manager = BlockSpaceManager(4, 16, watermark=0.0)
+    manager.allocate("X", range(8))
+    manager.fork("X", "Y")
+    manager.append_slots("X", [10, 11, 12, 13])
+    manager.append_slots("Y", [20, 21, 22, 23])
+    manager.fork("X", "X2")
+    free_before = manager.num_free_gpu_blocks
+    manager.free("Y")
+    freed = manager.num_free_gpu_blocks - free_before
+    manager.append_slots("X", [14])
+    manager.append_slots("X2", [15])
+    return freed, 16 - manager.num_free_gpu_blocks
+
+
+# --------------------------------------------------------- 05 prefix caching
+def _cached_tokens_of_b():
+    from ..manager import BlockSpaceManager
+
+    manager = BlockSpaceManager(4, 10, watermark=0.0, enable_prefix_caching=True)
+    manager.allocate("A", range(1, 11))
+    manager.allocate("B", list(range(1, 9)) + [50, 51, 52, 53, 54])
+    return manager.num_cached_tokens("B")
+
+
+def _free_queue_after_free():
+    from ..manager import BlockSpaceManager
+
+    manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
+    manager.allocate("r", range(9))
+    manager.free("r")
+    return manager.free_block_ids()
+
+
+def _lru_survivors():
+    from ..manager import BlockSpaceManager
+
+    manager = BlockSpaceManager(4, 4, watermark=0.0, enable_prefix_caching=True)
+    prompt_a = list(range(1, 9))
+    manager.allocate("A", prompt_a)
+    manager.free("A")
+    manager.allocate("B", range(20, 28))
+    manager.allocate("C", range(40, 44))
+    return manager.count_cached_tokens(prompt_a)
+
+
+# ----------------------------------------------------------- 06 memory waste
+def _reserve_max_slots():
+    max_len, prompt, output, produced = 2048, 100, 300, 50
+    return prompt + produced, output - produced, max_len - (prompt + output)
+
+
+def _pow2_chunk():
+    from ..sim import max_concurrent_requests
+
+    budget = 1 << 20
+    return budget // max_concurrent_requests("reserve_pow2", budget_tokens=budget, request_len=600)
+
+
+# ------------------------------------------------------------------ 07 kernel
+def lane_work(lane, block_size, num_words):
+    """Which tokens of a KV block, and which 64-bit words of each, one lane of the 'vllm' kernel reads."""
+    group_size = max(32 // block_size, 1)  # lanes per token: vLLM's THREAD_GROUP_SIZE
+    groups_per_warp = 32 // group_size
+    group, rank = lane // group_size, lane % group_size
+    tokens = list(range(group, block_size, groups_per_warp))
+    words = list(range(rank, num_words, group_size))
+    return tokens, words
+
+
+def _kernel_lane_work(lane, block_size, num_words):
+    """The same, from the layout the kernel is built with (``cuda_vllm.thread_group_layout``)."""
+    from ..kernels.cuda_vllm import thread_group_layout
+
+    group_size, groups_per_warp, tokens_per_group, words_per_thread = thread_group_layout(block_size, num_words)
+    group, rank = lane // group_size, lane % group_size
+    tokens = [group + t * groups_per_warp for t in range(tokens_per_group)]
+    words = [w for w in (rank + v * group_size for v in range(words_per_thread)) if w < num_words]
+    return tokens, words
+
+
+def _grids():
+    from ..kernels.cuda import PARTITION_SIZE
+
+    num_seqs, num_heads, longest = 8, 32, 2000
+    return (num_heads, num_seqs), (num_heads, num_seqs, -(-longest // PARTITION_SIZE))
+
+
+# -------------------------------------------------------------- 08 visualizer
+def _scenario_free_a():
+    """Notebook 08's scripted scenario, then ``free("A")``: the GPU blocks that join the free queue, in order."""
+    from ..viz.visualizer import BlockTableVisualizer
+
+    scenario = BlockTableVisualizer(block_size=4, num_gpu_blocks=10, num_cpu_blocks=4)
+    scenario.add_sequence(6)
+    scenario.add_sequence(9)
+    scenario.fork("A")
+    scenario.append("C", 1)
+    scenario.append("A", 6)
+    scenario.add_sequence(16)  # fails, changes nothing
+    scenario.swap_out("B")
+    scenario.add_sequence(12)
+    scenario.free("D")
+    scenario.swap_in("B")
+    before = scenario.manager.free_block_ids()
+    scenario.free("A")
+    return scenario.manager.free_block_ids()[len(before):]
+
+
+def _forked_table():
+    from ..viz.visualizer import BlockTableVisualizer
+
+    v = BlockTableVisualizer(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0)
+    v.add_sequence(6)
+    v.add_sequence(3)
+    child = v.fork("B")
+    v.free("A")
+    v.append(child, 2)
+    return v.manager.get_block_table(child)
+
+
+# --------------------------------------------------------------- 09 scheduler
+def _preemption_replay(arrival_order=("q4", "q1", "q3", "q0", "q2")):
+    """E1's situation on a real Scheduler: the first victim, and who still runs after the step."""
+    from ..manager import BlockSpaceManager
+    from ..scheduler import Scheduler
+
+    manager = BlockSpaceManager(block_size=1, num_gpu_blocks=len(arrival_order), watermark=0.0)
+    scheduler = Scheduler(manager, max_num_seqs=8, max_num_batched_tokens=64)
+    for name in arrival_order:
+        scheduler.add_request(name, [1], max_tokens=4)
+    scheduler.update(scheduler.schedule(), dict.fromkeys(arrival_order, 1))  # pool full, each needs a block
+    out = scheduler.schedule()
+    return out.preempted[0], list(scheduler.running)
+
+
+def _preemption_cost_steps():
+    from ..sim import CostModel
+
+    cost = CostModel()
+    return cost.recompute_ms(500) / cost.decode_step_ms, 2 * cost.swap_ms(500, 16) / cost.decode_step_ms
+
+
+# -------------------------------------------------------------- 10 tiny vLLM
+SYSTEM_PROMPT = "The text below comes from the Python documentation, about its built-in types.\n"  # notebook 10
+
+
+@cache
+def _tiny():
+    from ..model import load_tiny
+
+    return load_tiny()
+
+
+def _cached_prompt_tokens():
+    from ..engine import LLMEngine
+
+    model, tokenizer = _tiny()
+    start = SYSTEM_PROMPT[:45]
+    engine = LLMEngine(model, num_gpu_blocks=48, block_size=8, enable_prefix_caching=True)
+    engine.generate([tokenizer.encode(start + "A list ")], max_tokens=1)
+    before = engine.stats.num_prefix_cached_tokens
+    engine.generate([tokenizer.encode(start) + [ord("x")] * 20], max_tokens=1)
+    return engine.stats.num_prefix_cached_tokens - before
+
+
+def _peak_blocks_alone():
+    from ..engine import LLMEngine
+
+    model, _ = _tiny()
+    engine = LLMEngine(model, num_gpu_blocks=48, block_size=16)
+    engine.generate([[ord("a")] * 40], max_tokens=57)
+    return engine.stats.peak_gpu_blocks
+
+
+EXERCISES: dict[str, Exercise] = {
+    "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
+                      hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
+                           "for every layer."),
+    "01.E2": Exercise("Mistral-7B blocks in 40 GiB", expected=_mistral_blocks,
+                      hint="divide the memory by cache_block_bytes(spec, 16) and round down."),
+    "01.E3": Exercise("empty slots of a 4,097-token prompt", expected=_empty_slots,
+                      hint="how many tokens land in the last block of 32?"),
+    "02.E1": Exercise("next block", expected=_next_block_after_frees,
+                      hint="freed blocks join the tail of the free queue: which block is still ahead of them?"),
+    "02.E2": Exercise("slot_mapping", solution=slot_mapping,
+                      cases=(([0], 4, 3), ([2, 0], 4, 6), ([7, 3, 5], 2, 5), ([1, 9], 16, 17)),
+                      hint="token pos sits in logical block pos // block_size at offset pos % block_size; the "
+                           "block table turns the logical block into a physical one."),
+    "02.E3": Exercise("alloc_status", solution=alloc_status, reference=_manager_alloc_status,
+                      cases=((3, 44, 50, 5), (40, 44, 50, 5), (46, 50, 50, 5), (45, 50, 50, 5), (45, 49, 50, 5),
+                             (10, 10, 10, 0), (1, 0, 10, 0), (11, 10, 10, 0)),
+                      hint="NEVER asks whether the request could fit even in an empty pool; OK and LATER look at "
+                           "the free blocks now. Both keep watermark_blocks spare: is it < or >=?"),
+    "03.E1": Exercise("copies", expected=_child_append_copies,
+                      hint="only a shared block that is partly filled is copied before a write; where do the "
+                           "tokens go after the copy is full?"),
+    "03.E2": Exercise("blocks in use", expected=_three_way_fork_blocks,
+                      hint="full prompt blocks stay shared; each sequence needs its own last block, but the last "
+                           "writer of a shared block finds its ref count back at 1."),
+    "04.E1": Exercise("blocks after step 1", expected=_beam_blocks_after_step_1,
+                      hint="the full prompt block stays shared; what happens to the half-full one when two "
+                           "children write into it?"),
+    "04.E2": Exercise("(blocks freed by pruning Y, blocks in use after the step)", expected=_pruned_beam,
+                      hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
+                           "both survivors write into a full block."),
+    "05.E1": Exercise("cached tokens of B", expected=_cached_tokens_of_b,
+                      hint="only full blocks have names, and a block's name covers every token before it."),
+    "05.E2": Exercise("free queue", expected=_free_queue_after_free,
+                      hint="freed blocks join the tail of the queue, and a table is freed from its last block."),
+    "05.E3": Exercise("tokens of A still cached", expected=_lru_survivors,
+                      hint="new allocations take the free queue's head; A's blocks joined the tail last block "
+                           "first, and a cached prefix counts only up to its first missing block."),
+    "06.E1": Exercise("(tokens, reserved, never)", expected=_reserve_max_slots,
+                      hint="tokens so far; tokens still to come; the rest of the 2,048-slot chunk."),
+    "06.E2": Exercise("pow2 chunk", expected=_pow2_chunk,
+                      hint="the chunk is reserved at admission, for the request's final length."),
+    "07.E1": Exercise("lane_work", solution=lane_work, reference=_kernel_lane_work,
+                      cases=((0, 16, 16), (5, 16, 16), (31, 16, 16), (13, 8, 32), (7, 32, 32), (3, 64, 32),
+                             (9, 1, 64), (30, 4, 8)),
+                      hint="first find the group size, the group (lane // group size) and the rank in the group; "
+                           "a group's tokens step by the number of groups in a warp, a rank's words by the group "
+                           "size."),
+    "07.E2": Exercise("(v1 grid, v2 grid)", expected=_grids,
+                      hint="x is the query head, y the sequence, z (v2 only) the partition of 512 tokens."),
+    "08.E1": Exercise("blocks freed by free('A'), in queue order", expected=_scenario_free_a,
+                      hint="a block returns to the queue only when its ref count reaches 0, and a table is freed "
+                           "from its last block."),
+    "08.E2": Exercise("C's table", expected=_forked_table,
+                      hint="A's blocks rejoin at the queue's tail; C's first write goes to a shared, partly filled "
+                           "block."),
+    "09.E1": Exercise("(victim, still running)", expected=_preemption_replay,
+                      hint="the most recently *arrived* running request goes first; walk the others oldest first, "
+                           "each freed block serving one of them."),
+    "09.E2": Exercise("(recompute steps, swap steps)", expected=_preemption_cost_steps, tolerance=0.02,
+                      hint="recompute re-runs prefill over the victim's tokens; a swap moves its blocks out and, "
+                           "later, back in."),
+    "10.E1": Exercise("cached prompt tokens", expected=_cached_prompt_tokens,
+                      hint="count the full blocks made only of the shared 45 bytes."),
+    "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,
+                      hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
+}
