@@ -195,7 +195,7 @@ class BlockSpaceManager:
 
     def can_append_slots(self, seq_id, num_tokens: int = 1) -> bool:
         fresh, copy = self._blocks_for_append(self._get(seq_id), check_int("num_tokens", num_tokens, minimum=0))
-        return fresh + copy <= self.num_free_gpu_blocks
+        return fresh + copy <= self.allocators["gpu"].num_free_blocks
 
     def append_slots(self, seq_id, token_ids) -> list[tuple[int, int]]:
         """Make room for new tokens; returns the copy-on-write copies ``(src, dst)`` to perform.
@@ -353,16 +353,20 @@ class BlockSpaceManager:
             raise WrongDeviceError(
                 f"sequence {seq_id!r} is on the {seq.device.upper()}, so you cannot {action}; {hint}.")
 
-    def _last_block_is_shared_partial(self, seq: _Sequence) -> bool:
-        partial = len(seq.token_ids) % self.block_size != 0
-        return partial and self.allocators[seq.device].blocks[seq.block_table[-1]].ref_count > 1
-
     def _blocks_for_append(self, seq: _Sequence, num_tokens: int) -> tuple[int, int]:
-        """``(fresh blocks, copy-on-write copies)`` that appending ``num_tokens`` tokens takes."""
+        """``(fresh blocks, copy-on-write copies)`` that appending ``num_tokens`` tokens takes.
+
+        Only a partly filled last block that other sequences share is copied (this runs for every running
+        sequence in every step, hence the plain arithmetic).
+        """
         if num_tokens <= 0:
             return 0, 0
-        fresh = blocks_needed(len(seq.token_ids) + num_tokens, self.block_size) - len(seq.block_table)
-        return fresh, int(self._last_block_is_shared_partial(seq))
+        filled = len(seq.token_ids)
+        fresh = -(-(filled + num_tokens) // self.block_size) - len(seq.block_table)  # blocks_needed(...) - held
+        if filled % self.block_size == 0:  # a full last block (or none): nothing to copy
+            return fresh, 0
+        shared = self.allocators[seq.device].blocks[seq.block_table[-1]].ref_count > 1
+        return fresh, int(shared)
 
     def _allocate_gpu_block(self) -> int:
         """A fresh GPU block from the queue's head; a cached name it still carries is evicted."""

@@ -137,6 +137,28 @@ def test_figures_regenerate_deterministically(tmp_path):
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(first, second))
 
 
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_figure_text_reads_at_readme_width(name):
+    """No text under 8 pt once GitHub shrinks the PNG to its README column."""
+    from pagedkv.viz.figures import smallest_text_at_readme_width
+
+    fig = FIGURES[name]()
+    try:
+        assert smallest_text_at_readme_width(fig) >= 8, name
+    finally:
+        plt.close(fig)
+
+
+def test_a_wide_figure_is_measured_as_shrunk():
+    from pagedkv.viz.figures import smallest_text_at_readme_width
+
+    fig, ax = plt.subplots(figsize=(16, 3))
+    ax.set_title("9 pt on a 16-inch figure", fontsize=9)
+    ax.axis("off")
+    assert smallest_text_at_readme_width(fig) < 8
+    plt.close(fig)
+
+
 def test_buttons_wait_for_a_sequence_and_news_is_not_an_error():
     v = BlockTableVisualizer(block_size=4, num_gpu_blocks=16)
     assert all(v.buttons[b].disabled for b in ("append", "fork", "free", "swap out", "swap in"))

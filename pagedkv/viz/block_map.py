@@ -37,7 +37,7 @@ def _grid_columns(num_blocks: int) -> int:
 
 
 def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None = None,
-                   show_tables: bool = True, labels: bool | None = None, sources=()):
+                   show_tables: bool = True, labels: bool | None = None, sources=(), columns: int | None = None):
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
 
     ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline in red, e.g.
@@ -45,7 +45,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     source of a copy-on-write copy.  ``labels`` (default: on up to 128 blocks
     in all) prints ids, ref counts and free positions in the cells; without them
     each block table is a bar of entries and its length.  Rectangles go into two collections
-    (fills, outlines), which keeps a 256-block redraw fast.
+    (fills, outlines), which keeps a 256-block redraw fast.  ``columns``: cells per pool row
+    (default: about twice as wide as tall).
     """
     if not isinstance(state, ManagerState):
         raise PagedKVValueError(f"draw_block_map draws a snapshot, got {type(state).__name__}; pass "
@@ -55,7 +56,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     copied = {h if isinstance(h, tuple) else ("gpu", h) for h in sources}
     pools = [d for d, n in (("gpu", state.num_gpu_blocks), ("cpu", state.num_cpu_blocks)) if n]
     labels = labels if labels is not None else len(state.blocks) <= 128
-    cols = {d: _grid_columns(len(state.device_blocks(d))) for d in pools}
+    cols = {d: columns or _grid_columns(len(state.device_blocks(d))) for d in pools}
     rows = {d: math.ceil(len(state.device_blocks(d)) / cols[d]) for d in pools}
     table_rows = len(state.tables) if show_tables else 0
     longest = max((len(t) for t in state.tables.values()), default=0)
@@ -127,23 +128,25 @@ def _cell(ax, b, x, y, block_size, colors, fills, labels):
             fills.add(x + i * stripe, y + CELL - filled, stripe, filled, color)  # slots holding tokens
     if not labels:
         return
-    ax.text(x + 0.05, y + 0.08, str(b.block_id), fontsize=6, va="top", zorder=4)
+    # Three rows of text fit a cell: id (top left), #n or xN (middle), hash (bottom); 8 pt reads at README width.
+    ax.text(x + 0.04, y + 0.04, str(b.block_id), fontsize=8, va="top", zorder=4)
     if b.is_free:
-        ax.text(x + 0.45, y + 0.55, f"#{b.free_position}", fontsize=6, ha="center", color="#777777", zorder=4)
+        ax.text(x + 0.5, y + 0.5, f"#{b.free_position}", fontsize=8, ha="center", va="center", color="#555555",
+                zorder=4)
     elif b.ref_count > 1:
-        ax.text(x + 0.45, y + 0.5, f"x{b.ref_count}", fontsize=8, ha="center", va="center", weight="bold", zorder=4)
+        ax.text(x + 0.5, y + 0.5, f"x{b.ref_count}", fontsize=9, ha="center", va="center", weight="bold", zorder=4)
     if b.block_hash:
-        ax.text(x + 0.45, y + 0.82, b.block_hash[:4], fontsize=5, ha="center", color="#444444", zorder=4)
+        ax.text(x + 0.45, y + 0.86, b.block_hash[:4], fontsize=8, ha="center", color="#333333", zorder=4)
 
 
 def _tables(ax, state, colors, top, fills, outlines, labels):
     """One row per sequence: entry i is the physical block of logical block i ('c': a CPU block)."""
-    ax.text(0, top - 0.35, "block tables (logical block i -> physical block)", fontsize=9, weight="bold")
+    ax.text(0, top - 0.35, "block tables", fontsize=9, weight="bold")
     for r, (seq, table) in enumerate(state.tables.items()):
         y = top + r
         on_cpu = state.seq_devices[seq] == "cpu"
         count = "" if labels else f" ({len(table)})"  # large maps: no ids, so say how many entries
-        ax.text(-0.1, y + 0.5, f"seq {seq}{count}", ha="right", va="center", fontsize=8)
+        ax.text(-0.1, y + 0.5, f"seq {seq}{count}", ha="right", va="center", fontsize=9)
         suffix = "c" if on_cpu else ""
         color = _lighter(colors[seq], 0.5) if on_cpu else colors[seq]
         if not labels:  # large maps: a thin coloured bar per entry (text is slow to render)
@@ -153,11 +156,11 @@ def _tables(ax, state, colors, top, fills, outlines, labels):
         for i, block_id in enumerate(table):
             fills.add(i, y + 0.1, CELL, 0.8, color)
             outlines.add(i, y + 0.1, CELL, 0.8, EDGE, 0.6)
-            ax.text(i + 0.45, y + 0.5, f"{block_id}{suffix}", ha="center", va="center", fontsize=7, zorder=4)
+            ax.text(i + 0.45, y + 0.5, f"{block_id}{suffix}", ha="center", va="center", fontsize=8, zorder=4)
 
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
-                      ncol: int = 4):
+                      ncol: int = 2):
     """A key under the figure for every mark a block map uses (and the optional outlines given)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -165,20 +168,20 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     def blank(label):
         return Line2D([], [], linestyle="none", label=label)
 
-    handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE,
-                     label="a sequence's block: dark part = slots holding tokens"),
-               Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale part = empty slots"),
+    handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE, label="a sequence's block: dark = slots with tokens"),
+               Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale = empty slots"),
                Patch(facecolor=FREE, edgecolor=EDGE, label="free block"),
-               blank("stripes, xN: shared by N sequences (ref count N)"),
-               blank("#n: place in the free queue (#0 is handed out next)"),
-               blank("small number: physical block id")]
+               blank("stripes, xN: shared by N sequences (ref count)"),
+               blank("#n: place in the free queue (#0 goes next)"),
+               blank("top-left number: physical block id"),
+               blank("block table entry i: the physical block of logical block i")]
     if cached:
-        handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash until evicted")]
+        handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash (bottom)")]
     if highlight:
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:
         handles.append(Patch(facecolor="none", edgecolor=SOURCE, linewidth=2, label=source))
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False, handlelength=1.4,
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False, handlelength=1.4,
                bbox_to_anchor=(0.5, -0.02))
 
 

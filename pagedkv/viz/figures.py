@@ -35,15 +35,15 @@ def copy_on_write_figure():
     states.append(("2. fork: every block shared (x2)", m.snapshot(), [], []))
     (src, dst), = m.append_slots("child", [100])
     states.append((f"3. child appends: block {src} copied to {dst}", m.snapshot(), [dst], [src]))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(8.6, 4.9))
     for ax, (title, state, highlight, sources) in zip(axes, states):
-        draw_block_map(state, ax=ax, title=title, highlight=highlight, sources=sources)
+        draw_block_map(state, ax=ax, title=title, highlight=highlight, sources=sources, columns=4)
     align_panels(axes)
-    fig.suptitle("Copy-on-write (block_size 4): forked sequences share blocks until one writes into a shared, "
-                 "partly filled block")
-    add_block_map_key(fig, highlight="copy-on-write copy: the child's new private block",
-                      source="its source: the shared block, now the parent's alone", ncol=3)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.suptitle("Copy-on-write (block_size 4): forked sequences share blocks\n"
+                 "until one writes into a shared, partly filled block")
+    add_block_map_key(fig, highlight="copy-on-write: the child's new private block",
+                      source="its source: shared before, now the parent's alone")
+    fig.tight_layout(rect=(0, 0.27, 1, 1))
     return fig
 
 
@@ -56,13 +56,13 @@ def prefix_caching_figure():
     live = m.snapshot()
     for i in range(3):
         m.free(f"req{i}")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    draw_block_map(live, ax=axes[0], title="3 requests (17-token prompts) share a cached 3-block system prompt")
-    draw_block_map(m.snapshot(), ax=axes[1], title="all freed: named blocks stay cached (#n = queue order)")
+    fig, axes = plt.subplots(1, 2, figsize=(8.6, 5.6))
+    draw_block_map(live, ax=axes[0], title="3 requests (17-token prompts) share\na cached 3-block system prompt")
+    draw_block_map(m.snapshot(), ax=axes[1], title="all freed: named blocks stay cached\n(#n = queue order)")
     align_panels(axes)
-    fig.suptitle("Prefix caching (block_size 4): full blocks named by a chained hash, reused across requests")
-    add_block_map_key(fig, cached=True, ncol=3)
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.suptitle("Prefix caching (block_size 4): full blocks named by a chained hash, shared")
+    add_block_map_key(fig, cached=True)
+    fig.tight_layout(rect=(0, 0.22, 1, 0.96))
     return fig
 
 
@@ -109,7 +109,7 @@ def beam_search_figure():
 
 def scheduler_timeline_figure():
     """Five requests in a 12-block pool, served with preemption by recompute and by swap."""
-    fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True)
     for ax, mode in zip(axes, ("recompute", "swap")):
         manager = BlockSpaceManager(block_size=4, num_gpu_blocks=12, num_cpu_blocks=16, watermark=0.0)
         scheduler = Scheduler(manager, max_num_seqs=8, max_num_batched_tokens=64, preemption_mode=mode)
@@ -126,6 +126,25 @@ def scheduler_timeline_figure():
     fig.suptitle("Continuous batching in a 12-block pool (block_size 4): five requests, one row each")
     fig.tight_layout()
     return fig
+
+
+README_WIDTH_PX = 830  # the width GitHub shows a README image at (the column's width)
+DPI = 110
+
+
+def smallest_text_at_readme_width(fig) -> float:
+    """The smallest text in ``fig``, in points as it reads once the PNG is scaled to README width.
+
+    A PNG wider than the README column is shrunk to fit, and its text with it: a 13-inch figure shows
+    9 pt labels at about 6 pt.  (CSS: 96 px to the inch, 72 pt to the inch.)
+    """
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    width_px = fig.get_tightbbox(fig.canvas.get_renderer()).width * DPI
+    scale = min(1.0, README_WIDTH_PX / width_px) * DPI / 96
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes) * scale
 
 
 FIGURES = {
@@ -146,7 +165,7 @@ def make_all_figures(out="figures/") -> list[Path]:
     for name, make in FIGURES.items():
         fig = make()
         png, svg = out / name, (out / name).with_suffix(".svg")
-        fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
+        fig.savefig(png, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
         fig.savefig(svg, bbox_inches="tight", metadata={"Date": None, "Creator": None})
         plt.close(fig)
         paths += [png, svg]
