@@ -28,6 +28,8 @@ import os
 from enum import Enum
 from numbers import Number
 
+from .exercises import EXERCISES
+
 PASS, FAIL = "[ok]", "[not yet]"
 _grading = os.environ.get("PAGEDKV_GRADING") == "1"
 
@@ -135,8 +137,6 @@ def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", k
 
 def exercise(key: str, *answers) -> bool:
     """Check the answer(s) to exercise ``key`` (e.g. ``"02.E1"``); several answers are checked as one tuple."""
-    from .exercises import EXERCISES
-
     ex = EXERCISES[key]
     title = f"{key} {ex.title}"
     if ex.cases:
@@ -147,8 +147,6 @@ def exercise(key: str, *answers) -> bool:
 
 def reveal(key: str) -> None:
     """Print the answer to exercise ``key``: try first, then ask."""
-    from .exercises import EXERCISES
-
     ex = EXERCISES[key]
     if ex.cases:
         print(f"{key} {ex.title}, one way to write it:\n{inspect.getsource(ex.solution)}")
