@@ -23,3 +23,16 @@ def best_of(fn, repeat=3):
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def python_speed() -> float:
+    """Seconds for a fixed pure-Python loop (best of 3): how fast this machine runs Python right now.
+
+    Shared CI machines drift (the same run can take 1.5x longer an hour later); printing this next to a
+    timing lets two sessions compare their figures.
+    """
+    def loop():
+        total = 0
+        for i in range(5_000_000):
+            total += i
+    return best_of(loop)

@@ -202,16 +202,29 @@ class BlockSpaceManager:
 
         A partly filled last block that other sequences share is copied to a
         private block first; a full last block needs no copy, the new tokens
-        simply start a fresh block.
+        simply start a fresh block.  Most appends (every running sequence, every
+        step) just fill a slot of a private last block: no block, no copy.
         """
         seq = self._get(seq_id)
         if seq.device != "gpu":
             self._require_device(seq_id, seq, "gpu", "append to it")
         tokens = check_token_ids("token_ids", token_ids, allow_empty=True)
-        fresh, copy = self._blocks_for_append(seq, len(tokens))
-        if fresh + copy:  # most appends fill a slot of the last block and need no new block
-            self._require_free("gpu", fresh + copy, f"append {len(tokens)} tokens to sequence {seq_id!r}")
+        room = len(seq.block_table) * self.block_size - len(seq.token_ids)  # empty slots of its last block
+        if len(tokens) <= room and self.allocators["gpu"].blocks[seq.block_table[-1]].ref_count == 1:
+            copies = []  # the common case: the tokens fill slots of a private last block
+        else:
+            copies = self._take_blocks_for_append(seq_id, seq, len(tokens))
+        seq.token_ids += tokens
+        if self.prefix_cache:
+            start = len(seq.block_hashes)
+            seq.block_hashes = self._full_block_hashes(seq.block_hashes, seq.token_ids)
+            self._register_full_blocks(seq, start)
+        return copies
 
+    def _take_blocks_for_append(self, seq_id, seq: _Sequence, num_tokens: int) -> list:
+        """Copy a shared, partly filled last block to a private one; add the fresh blocks the tokens need."""
+        fresh, copy = self._blocks_for_append(seq, num_tokens)
+        self._require_free("gpu", fresh + copy, f"append {num_tokens} tokens to sequence {seq_id!r}")
         copies = []
         if copy:
             src = seq.block_table[-1]
@@ -221,11 +234,6 @@ class BlockSpaceManager:
             copies.append((src, dst))
         for _ in range(fresh):
             seq.block_table.append(self._allocate_gpu_block())
-        seq.token_ids.extend(tokens)
-        if self.prefix_cache:
-            start = len(seq.block_hashes)
-            seq.block_hashes = self._full_block_hashes(seq.block_hashes, seq.token_ids)
-            self._register_full_blocks(seq, start)
         return copies
 
     def fork(self, parent_seq_id, child_seq_id) -> None:
@@ -359,11 +367,9 @@ class BlockSpaceManager:
         Only a partly filled last block that other sequences share is copied (this runs for every running
         sequence in every step, hence the plain arithmetic).
         """
-        if num_tokens <= 0:
-            return 0, 0
-        filled = len(seq.token_ids)
-        fresh = -(-(filled + num_tokens) // self.block_size) - len(seq.block_table)  # blocks_needed(...) - held
-        if filled % self.block_size == 0:  # a full last block (or none): nothing to copy
+        bs, filled = self.block_size, len(seq.token_ids)
+        fresh = (filled + num_tokens + bs - 1) // bs - len(seq.block_table)  # blocks_needed(...) - held
+        if num_tokens == 0 or filled % bs == 0:  # nothing to add, or a full last block (or none): no copy
             return fresh, 0
         shared = self.allocators[seq.device].blocks[seq.block_table[-1]].ref_count > 1
         return fresh, int(shared)

@@ -36,7 +36,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from .errors import DuplicateSequenceError, PagedKVValueError, UnknownSequenceError
+from .errors import DuplicateSequenceError, NoFreeBlocksError, PagedKVValueError, UnknownSequenceError
 from .manager import AllocStatus, BlockSpaceManager
 from .sizing import blocks_needed
 from .validate import check_hashable, check_int, check_token_ids
@@ -172,18 +172,21 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutputs) -> None:
-        queue, self._running = deque(self._running), []  # oldest first
-        while queue:
-            request = queue.popleft()
-            while not self.block_manager.can_append_slots(request.request_id, 1):
-                victim = queue.pop() if queue else request  # the most recently arrived
-                self._preempt(victim, out)
-                if victim is request:
-                    break
-            else:  # the loop ended without `break`: there is a slot for this request's token
-                self._append_last_token(request, out)
-                self._running.append(request)
-                out.decodes.append(request.request_id)
+        """Reserve a slot for each running request's next token, oldest first.
+
+        When no block is free, preempt the most recently arrived request (the last of ``running``) and try
+        again; if that was the request itself, the loop ends.  vLLM v1's ``schedule()`` has the same loop.
+        """
+        running, manager, i = self._running, self.block_manager, 0
+        while i < len(running):
+            request = running[i]
+            try:  # the slot of the token sampled last step; its K/V is computed this step
+                out.blocks_to_copy += manager.append_slots(request.request_id, request.output_token_ids[-1:])
+                i += 1
+            except NoFreeBlocksError:  # a failed append changes nothing
+                self._preempt(running.pop(), out)
+        out.decodes = [request.request_id for request in running]
+        out.num_batched_tokens += len(running)
 
     def _schedule_swapped(self, out: SchedulerOutputs) -> None:
         manager = self.block_manager
@@ -198,7 +201,8 @@ class Scheduler:
                 break
             self._swapped.pop(0)
             out.blocks_to_swap_in += manager.swap_in(request.request_id)
-            self._append_last_token(request, out)
+            out.blocks_to_copy += manager.append_slots(request.request_id, request.output_token_ids[-1:])
+            out.num_batched_tokens += 1
             self._start_running(request)
             out.decodes.append(request.request_id)
 
@@ -206,20 +210,31 @@ class Scheduler:
         manager = self.block_manager
         while self._waiting:
             request = self._waiting[0]
-            tokens = request.token_ids  # a recomputed request prefills its generated tokens too
-            status = manager.can_allocate(tokens)
-            if status is AllocStatus.NEVER or len(tokens) > self.max_num_batched_tokens:
+            status, num_new = self._admission(request)
+            if status is AllocStatus.NEVER or request.num_tokens > self.max_num_batched_tokens:
                 self._ignore(self._waiting.popleft(), out)
                 continue
-            num_new = len(tokens) - manager.count_cached_tokens(tokens)
             if (status is AllocStatus.LATER or len(self._running) >= self.max_num_seqs
                     or out.num_batched_tokens + num_new > self.max_num_batched_tokens):
                 break
             self._waiting.popleft()
+            tokens = request.token_ids  # a recomputed request prefills its generated tokens too
             manager.allocate(request.request_id, tokens)
             self._start_running(request)
             out.prefills.append((request.request_id, tokens))
             out.num_batched_tokens += num_new
+
+    def _admission(self, request: Request) -> tuple[AllocStatus, int]:
+        """``can_allocate``'s answer for a waiting request, and how many tokens its prefill computes.
+
+        Only prefix caching needs the token ids (cached blocks are taken for free, their tokens not
+        computed); without it the count says the same, in O(1) for a request that waits many steps.
+        """
+        manager = self.block_manager
+        if not manager.enable_prefix_caching:
+            return manager.can_allocate(request.num_tokens), request.num_tokens
+        tokens = request.token_ids
+        return manager.can_allocate(tokens), len(tokens) - manager.count_cached_tokens(tokens)
 
     # -------------------------------------------------------------- after a step
     def update(self, outputs: SchedulerOutputs, next_tokens: dict) -> list:
@@ -230,11 +245,13 @@ class Scheduler:
         if outputs is not self._in_flight:
             raise PagedKVValueError("update() takes the SchedulerOutputs of the last schedule() call, once.")
         scheduled = outputs.scheduled
-        missing = [request_id for request_id in scheduled if request_id not in next_tokens]
-        if missing:  # check everything before changing anything
+        try:  # check everything before changing anything
+            sampled = [next_tokens[request_id] for request_id in scheduled]
+        except KeyError:
+            missing = [request_id for request_id in scheduled if request_id not in next_tokens]
             raise UnknownSequenceError(f"next_tokens has no token for requests {missing}, which ran this step; "
-                                       "pass one sampled token per scheduled request.")
-        tokens = check_token_ids("next_tokens", [next_tokens[request_id] for request_id in scheduled], True)
+                                       "pass one sampled token per scheduled request.") from None
+        tokens = check_token_ids("next_tokens", sampled, True)
         done = []
         for request_id, token in zip(scheduled, tokens):
             request = self.requests[request_id]
@@ -246,11 +263,6 @@ class Scheduler:
         return done
 
     # ----------------------------------------------------------------- helpers
-    def _append_last_token(self, request: Request, out: SchedulerOutputs) -> None:
-        """Reserve the slot of the token sampled last step; its K/V is computed this step."""
-        out.blocks_to_copy += self.block_manager.append_slots(request.request_id, request.output_token_ids[-1:])
-        out.num_batched_tokens += 1
-
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
         bisect.insort(self._running, request, key=lambda r: r.arrival)

@@ -200,25 +200,26 @@ def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostMo
     max_num_seqs = max(1, manager.num_total_gpu_blocks)
     scheduler = Scheduler(manager, max_num_seqs, max_num_batched_tokens=max(max_len, budget, max_num_seqs),
                           preemption_mode=preemption_mode)
-    final_len = {}
     for rid, (prompt_len, output_len) in enumerate(pairs):
         scheduler.add_request(rid, [0] * prompt_len, output_len)
-        final_len[rid] = prompt_len + output_len
+    final_len = [prompt_len + output_len for prompt_len, output_len in pairs]  # indexed by request id
     while scheduler.has_unfinished_requests():
         out = scheduler.schedule()
         if out.ignored:
             raise PagedKVValueError(f"requests {out.ignored} can never fit in {budget} token slots; give the "
                                     "simulator a bigger budget_tokens or shorter requests.")
-        running = scheduler.running
-        tokens = future = 0
-        for request_id in running:  # stored tokens, and the slots their last blocks will still fill
-            n = scheduler.requests[request_id].num_tokens
+        running, requests = scheduler.running, scheduler.requests
+        tokens = filled = 0  # stored tokens; and the slots of their blocks that will hold a token one day
+        for request_id in running:
+            n = requests[request_id].num_tokens
             tokens += n
-            future += min(final_len[request_id], -(-n // block_size) * block_size) - n
+            block_end, final = n + (-n) % block_size, final_len[request_id]
+            filled += block_end if block_end < final else final  # min(), without the call: the hot loop
+        future = filled - tokens
         used = (manager.num_total_gpu_blocks - manager.num_free_gpu_blocks) * block_size
         prefill_tokens = out.num_batched_tokens - len(out.decodes)
         swapped_blocks = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        saturated = len(scheduler.requests) > len(running)  # someone is waiting or swapped out
+        saturated = len(requests) > len(running)  # someone is waiting or swapped out
         finished = len(scheduler.update(out, dict.fromkeys(out.scheduled, 0)))
         yield _Step(saturated, len(running), (tokens, future, used - tokens - future),
                     cost.step_time(prefill_tokens, swapped_blocks, block_size), finished,

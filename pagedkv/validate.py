@@ -29,9 +29,10 @@ def check_int(name: str, value, minimum: int | None = None) -> int:
 
 def check_token_ids(name: str, token_ids, allow_empty: bool = False) -> list[int]:
     """A list of int token ids from any iterable of integer scalars (not a string, not nested)."""
-    if type(token_ids) is list and len(token_ids) == 1 and type(token_ids[0]) is int \
-            and INT64_MIN <= token_ids[0] <= INT64_MAX:
-        return list(token_ids)  # a decode step's one sampled token: the hottest call
+    if type(token_ids) is list and len(token_ids) == 1:  # a decode step's one sampled token: the hottest call
+        token = token_ids[0]
+        if type(token) is int and INT64_MIN <= token <= INT64_MAX:
+            return [token]
     if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
         raise PagedKVValueError(f"{name} must be a list of integer token ids, got {token_ids!r}.")
     tokens = list(token_ids)
