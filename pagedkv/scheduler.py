@@ -7,7 +7,8 @@ with the brevity of nano-vllm's ``nanovllm/engine/scheduler.py``.  One step:
 
 1. **running** requests first, oldest first: reserve a slot for the token each
    sampled last step (``append_slots``).  With no free block, preempt the most
-   recently arrived running request, and repeat;
+   recently arrived running request, and repeat (the loop has vLLM v1's shape:
+   try to append, preempt when that fails);
 2. then **swapped** requests back in, oldest first (not in a step that preempted);
 3. then **waiting** requests admitted first come, first served while
    ``can_allocate`` says OK and the budgets allow (not in a step that preempted,
