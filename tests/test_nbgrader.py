@@ -4,6 +4,8 @@
 submissions: the released notebooks untouched (0 points), the solutions (full marks) and the solutions with
 one plausible wrong answer per notebook (some points, not all).  The three autogrades run in parallel, each in
 its own copy of the course folder (nbgrader's gradebook is one SQLite file).
+Their kernels are nudged while they run (kernel_nudge.py): now and then a kernel stops reading its shell
+socket after a widget cell, and a stall would otherwise cost the whole cell timeout.
 """
 
 import json
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel_nudge import nudging
+
 pytest.importorskip("nbgrader")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -22,7 +26,7 @@ SOLUTIONS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 ASSIGNMENT = "pagedkv"
 CONFIG = f"""c = get_config()
 c.CourseDirectory.course_id = "{ASSIGNMENT}"
-c.Execute.timeout = 300
+c.Execute.timeout = 120
 """
 
 # One plausible mistake per notebook: (the solution line, the wrong line).
@@ -40,17 +44,25 @@ WRONG = {
 }
 
 
-def nbgrader(course: Path, *args):
-    """Run one nbgrader command in ``course``; its tools (alembic) come from this interpreter's environment."""
+def nbgrader(course: Path, *args, kernels: Path | None = None):
+    """Run one nbgrader command in ``course``; its tools (alembic) come from this interpreter's environment.
+
+    ``kernels``: the folder where its kernels' connection files go (jupyter_client writes them to TMPDIR).
+    """
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                PAGEDKV_QUIET="1", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")  # three at once on few cores
-    return subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if kernels:
+        env["TMPDIR"] = str(kernels)
+    with open(course / f"nbgrader-{args[0]}.log", "w") as log:  # a file, not a pipe: three never block on it
+        process = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, text=True,
+                                   stdout=log, stderr=subprocess.STDOUT)
+    process.log = Path(log.name)
+    return process
 
 
 def finish(process, what):
-    out, _ = process.communicate(timeout=900)
-    assert process.returncode == 0, f"nbgrader {what} failed:\n{out[-4000:]}"
+    process.wait(timeout=900)
+    assert process.returncode == 0, f"nbgrader {what} failed:\n{process.log.read_text()[-4000:]}"
 
 
 def graded_cells(path):
@@ -88,7 +100,8 @@ def graded(tmp_path_factory):
         shutil.copy(path, course / "source" / ASSIGNMENT / path.name)
     finish(nbgrader(course, "generate_assignment", ASSIGNMENT), "generate_assignment")
 
-    runs = {}
+    runs, kernels = {}, root / "kernels"  # the autogrades' kernel connection files (their TMPDIR)
+    kernels.mkdir()
     for student in ("blank", "right", "wrong"):
         copy = root / student
         shutil.copytree(course, copy)
@@ -101,9 +114,10 @@ def graded(tmp_path_factory):
                 shutil.copy(path, submitted / path.name)
             else:
                 make_wrong(path, submitted / path.name)
-        runs[student] = (copy, nbgrader(copy, "autograde", ASSIGNMENT, "--student", student))
-    for student, (_, process) in runs.items():
-        finish(process, f"autograde {student}")
+        runs[student] = (copy, nbgrader(copy, "autograde", ASSIGNMENT, "--student", student, kernels=kernels))
+    with nudging(kernels, "tmp*.json"):
+        for student, (_, process) in runs.items():
+            finish(process, f"autograde {student}")
     return course, {student: scores(copy, student) for student, (copy, _) in runs.items()}
 
 
