@@ -55,4 +55,4 @@ def nudging(folder: Path, pattern: str, every: float = 5.0, timeout: float = 300
         yield
     finally:
         stop.set()
-        thread.join()  # nudges still in flight end with their kernel
+        thread.join()  # a nudge still in flight ends with its reply or its timeout (a daemon thread)
