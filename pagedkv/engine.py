@@ -100,24 +100,26 @@ class LLMEngine:
         self._num_generated = 0
 
     # ------------------------------------------------------------ requests
-    def add_request(self, request_id, prompt_token_ids, max_tokens: int) -> None:
+    def add_request(self, request_id, prompt_token_ids, max_tokens: int, *, ignore_eos: bool = False) -> None:
+        """Queue a greedy request; it ends after ``max_tokens`` tokens or the model's EOS (unless ``ignore_eos``)."""
         self.scheduler.add_request(request_id, self.model.check_prompt("prompt_token_ids", prompt_token_ids),
-                                   max_tokens)
+                                   max_tokens, self.model.stop_token_ids(ignore_eos))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], max_tokens: int, *, ignore_eos: bool = False) -> list[list[int]]:
         """Greedy continuations of every prompt, in order; equal to ``generate_dense`` for each prompt alone."""
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
             raise PagedKVValueError("prompts must be a list of token-id lists, e.g. [tokenizer.encode('The ')].")
         prompts = [self.model.check_prompt(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
         check_int("max_tokens", max_tokens, minimum=1)  # everything checked before any request is added
+        stop = self.model.stop_token_ids(ignore_eos)
         request_ids = []
         for prompt in prompts:
             request_ids.append(("generate", self._num_generated))
             self._num_generated += 1
-            self.scheduler.add_request(request_ids[-1], prompt, max_tokens)
+            self.scheduler.add_request(request_ids[-1], prompt, max_tokens, stop)
         while any(r in self.scheduler.requests for r in request_ids):
             self.step()
         return [self.scheduler.finished.pop(r) for r in request_ids]
@@ -169,9 +171,9 @@ class LLMEngine:
             last_rows.append(len(input_ids) - 1)
         store = PagedKVStore(self.caches, torch.tensor(slots), prefills, slice(decode_start, len(input_ids)),
                              _pad(tables), torch.tensor(seq_lens, dtype=torch.int32), self.backend)
-        logits = self.model(torch.tensor(input_ids), torch.tensor(positions), store)
+        logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store, last_rows)
         self.stats.num_computed_tokens += len(input_ids)
-        sampled = logits[last_rows].argmax(dim=-1).tolist()  # greedy
+        sampled = logits.argmax(dim=-1).tolist()  # greedy
         return dict(zip(out.scheduled, sampled))
 
     def _count(self, out: SchedulerOutputs) -> None:

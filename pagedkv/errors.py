@@ -56,3 +56,7 @@ class ShapeError(PagedKVValueError):
 
 class BlockTableError(PagedKVValueError):
     """A block table names a block outside the cache, or is too short."""
+
+
+class ModelFileError(PagedKVValueError):
+    """A model file that is missing, not of the expected format, damaged, or of an unsupported kind."""

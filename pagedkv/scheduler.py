@@ -65,6 +65,7 @@ class Request:
     prompt_token_ids: list[int]
     max_tokens: int
     arrival: int  # order of arrival: first come, first served
+    stop_token_ids: frozenset = frozenset()  # sampling one of these finishes the request (the model's EOS)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
@@ -145,14 +146,16 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def add_request(self, request_id, prompt_token_ids, max_tokens: int) -> None:
-        """Queue a request at the back of ``waiting``; it generates up to ``max_tokens`` tokens."""
+    def add_request(self, request_id, prompt_token_ids, max_tokens: int, stop_token_ids=()) -> None:
+        """Queue a request at the back of ``waiting``; it generates up to ``max_tokens`` tokens, and stops early
+        after any of ``stop_token_ids`` (vLLM's ``vllm/engine/output_processor/stop_checker.py``)."""
         check_hashable("request_id", request_id)
         if request_id in self.requests or request_id in self.finished:
             raise DuplicateSequenceError(f"request {request_id!r} was already added; use a new request_id.")
         tokens = check_token_ids("prompt_token_ids", prompt_token_ids)
         max_tokens = check_int("max_tokens", max_tokens, minimum=1)
-        request = Request(request_id, tokens, max_tokens, arrival=self._num_arrived)
+        stop = frozenset(check_token_ids("stop_token_ids", stop_token_ids, allow_empty=True))
+        request = Request(request_id, tokens, max_tokens, arrival=self._num_arrived, stop_token_ids=stop)
         self._num_arrived += 1
         self.requests[request_id] = request
         self._waiting.append(request)
@@ -239,7 +242,7 @@ class Scheduler:
 
     # -------------------------------------------------------------- after a step
     def update(self, outputs: SchedulerOutputs, next_tokens: dict) -> list:
-        """Record the token each scheduled request sampled; finish those with ``max_tokens`` tokens.
+        """Record the token each scheduled request sampled; finish those with ``max_tokens`` tokens or a stop token.
 
         Returns the ids of the requests that finished in this step.
         """
@@ -257,7 +260,7 @@ class Scheduler:
         for request_id, token in zip(scheduled, tokens):
             request = self.requests[request_id]
             request.output_token_ids.append(token)
-            if len(request.output_token_ids) >= request.max_tokens:
+            if len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids:
                 self._finish(request)
                 done.append(request_id)
         self._in_flight = None

@@ -6,6 +6,7 @@ where Chromium, Playwright or Voila is missing.
 
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -74,39 +75,36 @@ def test_the_app_reacts_to_clicks(app, tmp_path):
         # Voila's page template asks a CDN for a font stylesheet: refuse anything off this machine at once,
         # so the test never waits on DNS and sends nothing outside.
         page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(app) else route.abort())
+        # Every wait waits for the state it asserts: the widgets create their elements before they write them.
+        expect = sync_api.expect
         counters = page.locator(".pagedkv-counters")
         open_app(page, app, counters, sync_api.TimeoutError)
-        drawing = page.locator(".widget-output img").first
-        drawing.wait_for(timeout=60_000)
-        assert "blocks used 0/24" in counters.inner_text()
-        assert page.locator("button:text-is('append')").is_disabled()  # nothing to append to yet
-        assert "import" not in page.locator("body").inner_text()  # an app: no code cells on screen
+        drawing, log = page.locator(".widget-output img").first, page.locator("textarea").first
+        expect(counters).to_contain_text("blocks used 0/24", timeout=60_000)
+        expect(drawing).to_have_attribute("src", re.compile(r"^data:image/png"), timeout=60_000)
+        expect(page.locator("button:text-is('append')")).to_be_disabled()  # nothing to append to yet
+        expect(page.locator("body")).not_to_contain_text("import")  # an app: no code cells on screen
 
-        def click_and_wait(label, expect=None):
-            before_text, before_img = counters.inner_text(), drawing.get_attribute("src")
+        def click_and_wait(label, news, counts=None):
+            before_img = drawing.get_attribute("src")
             page.click(f"button:text-is('{label}')")
-            page.wait_for_function(f"() => document.querySelector('.widget-output img')?.src !== "
-                                   f"{before_img!r}", timeout=30_000)
-            if expect:
-                page.wait_for_function(f"() => document.querySelector('.pagedkv-counters').textContent"
-                                       f".includes({expect!r})", timeout=30_000)
-            return before_text
+            expect(log).to_have_value(re.compile(re.escape(news)), timeout=30_000)
+            if counts:
+                expect(counters).to_contain_text(counts, timeout=30_000)
+            expect(drawing).not_to_have_attribute("src", before_img, timeout=30_000)
 
-        click_and_wait("add sequence", "blocks used 2/24")  # 6 tokens in blocks of 4
-        click_and_wait("fork", "blocks used 2/24")  # the child shares both blocks
-        click_and_wait("append", "blocks used 3/24")  # copy-on-write of the shared, partly filled block
-        click_and_wait("swap out", "blocks used 2/24")  # the child's 2 blocks go to the CPU (1 still shared)
-        click_and_wait("beam step")
-        log = page.locator("textarea").first.input_value()
-        assert all(word in log for word in ("add A", "fork A -> B", "append 1 to B", "swap out B",
-                                            "beam search step"))
-        status = page.locator(".pagedkv-status")
-        before, before_img = status.inner_text(), page.locator(".widget-output img").nth(1).get_attribute("src")
+        click_and_wait("add sequence", "add A", "blocks used 2/24")  # 6 tokens in blocks of 4
+        click_and_wait("fork", "fork A -> B", "blocks used 2/24")  # the child shares both blocks
+        click_and_wait("append", "append 1 to B", "blocks used 3/24")  # copy-on-write of the shared partial block
+        click_and_wait("swap out", "swap out B", "blocks used 2/24")  # B's 2 blocks go to the CPU (1 still shared)
+        click_and_wait("beam step", "beam search step")
+
+        status, schedule = page.locator(".pagedkv-status"), page.locator(".widget-output img").nth(1)
+        expect(schedule).to_have_attribute("src", re.compile(r"^data:image/png"), timeout=30_000)
+        before_img, before_status = schedule.get_attribute("src"), status.inner_text()  # written before the image
         page.click("button:text-is('step')")  # the scheduler's own widget, below the block tables
-        page.wait_for_function(f"() => document.querySelector('.pagedkv-status').textContent !== {before!r}",
-                               timeout=30_000)
-        page.wait_for_function(f"() => document.querySelectorAll('.widget-output img')[1]?.src !== "
-                               f"{before_img!r}", timeout=30_000)
-        assert "step 0: prefill r0" in page.locator("body").inner_text()
+        expect(page.locator("body")).to_contain_text("step 0: prefill r0", timeout=30_000)
+        expect(status).not_to_have_text(before_status, timeout=30_000)
+        expect(schedule).not_to_have_attribute("src", before_img, timeout=30_000)
         page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
     assert (tmp_path / "app.png").stat().st_size > 10_000

@@ -6,6 +6,7 @@ token, and the server and the browser are shut down even when the test fails.
 """
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -60,25 +61,20 @@ def test_visualizer_reacts_to_clicks(jupyterlab, tmp_path):
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
         page.click("div.lm-MenuBar-itemLabel:text-is('Run')")
         page.click("li.lm-Menu-item:has-text('Run All Cells')")
-        counters = page.locator(".pagedkv-counters")
-        counters.wait_for(timeout=120_000)
-        drawing = page.locator(".widget-output img").first
-        drawing.wait_for(timeout=60_000)
-        assert "blocks used 0/24" in counters.inner_text()
-        before_img = drawing.get_attribute("src")
+        # Every wait waits for the state it asserts: the widget creates its elements before it writes them.
+        expect = sync_api.expect
+        counters, drawing = page.locator(".pagedkv-counters"), page.locator(".widget-output img").first
+        expect(counters).to_contain_text("blocks used 0/24", timeout=120_000)
+        expect(drawing).to_have_attribute("src", re.compile(r"^data:image/png"), timeout=60_000)
+        empty_pool = drawing.get_attribute("src")
 
         page.click("button:has-text('add sequence')")
-        page.wait_for_function(
-            "() => document.querySelector('.pagedkv-counters').textContent.includes('blocks used 2/24')",
-            timeout=30_000)
-        page.wait_for_function(f"() => document.querySelector('.widget-output img')?.src !== {before_img!r}",
-                               timeout=30_000)
-        after_add = counters.inner_text()
+        expect(counters).to_contain_text("blocks used 2/24", timeout=30_000)  # 6 tokens in blocks of 4
+        expect(drawing).not_to_have_attribute("src", empty_pool, timeout=30_000)
+        one_sequence = drawing.get_attribute("src")
 
         page.click("button:has-text('append')")
-        page.wait_for_function(f"() => document.querySelector('.pagedkv-counters').textContent !== "
-                               f"{after_add!r}", timeout=30_000)
-        assert "internal fragmentation 12%" in counters.inner_text()  # 7 tokens in 2 blocks of 4
-        assert page.locator(".widget-output img").first.get_attribute("src") != before_img
+        expect(counters).to_contain_text("internal fragmentation 12%", timeout=30_000)  # 7 tokens in 2 blocks of 4
+        expect(drawing).not_to_have_attribute("src", one_sequence, timeout=30_000)
         page.screenshot(path=str(tmp_path / "visualizer.png"), full_page=False)
     assert (tmp_path / "visualizer.png").stat().st_size > 10_000
