@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .errors import PagedKVValueError, ShapeError
-from .validate import check_int
+from .validate import check_choice, check_int, check_int_list, is_list_like
 
 
 def _device(device) -> torch.device:
@@ -90,7 +90,13 @@ class CacheEngine:
     def write(self, slot_mapping, k: torch.Tensor, v: torch.Tensor, pool: str = "gpu") -> None:
         """Store token ``i`` at block ``slot // block_size``, offset ``slot % block_size``; slot -1 is skipped."""
         key_cache, value_cache = self._pool(pool)
-        slots = torch.as_tensor(slot_mapping, dtype=torch.long).reshape(-1)
+        slots = slot_mapping if isinstance(slot_mapping, torch.Tensor) else check_int_list("slot_mapping",
+                                                                                            slot_mapping)
+        if isinstance(slots, torch.Tensor) and (slots.dtype.is_floating_point or slots.dtype.is_complex
+                                                or slots.dtype == torch.bool or slots.dim() > 1):
+            raise PagedKVValueError(f"slot_mapping must hold integer slots in one dimension, got a {slots.dtype} "
+                                    f"tensor of shape {tuple(slots.shape)}.")
+        slots = torch.as_tensor(slots, dtype=torch.long).reshape(-1)
         self.check_kv(k, v, num_tokens=slots.numel())
         num_slots = key_cache.shape[0] * self.block_size
         if slots.numel() and (slots.min() < -1 or slots.max() >= num_slots):
@@ -104,7 +110,7 @@ class CacheEngine:
 
     def copy_blocks(self, pairs, pool: str = "gpu") -> None:
         """Copy whole blocks ``src -> dst`` inside one pool (all copy-on-write copies at once)."""
-        if not pairs:
+        if type(pairs) is list and not pairs:  # most steps copy nothing
             return
         src, dst = self._block_indices(pairs, pool, pool)
         for cache in self._pool(pool):
@@ -112,7 +118,7 @@ class CacheEngine:
 
     def swap(self, src_pool: str, dst_pool: str, pairs) -> None:
         """Copy blocks between pools: ``(src_block, dst_block)`` pairs, e.g. GPU -> CPU on swap-out."""
-        if not pairs:
+        if type(pairs) is list and not pairs:
             return
         src, dst = self._block_indices(pairs, src_pool, dst_pool)
         for src_cache, dst_cache in zip(self._pool(src_pool), self._pool(dst_pool)):
@@ -120,18 +126,21 @@ class CacheEngine:
 
     def read_blocks(self, block_table, num_tokens: int, pool: str = "gpu") -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``num_tokens`` keys and values stored in ``block_table``'s blocks, in order."""
-        index = torch.as_tensor(block_table, dtype=torch.long)
+        index = torch.as_tensor(check_int_list("block_table", block_table, minimum=0), dtype=torch.long)
+        num_tokens = check_int("num_tokens", num_tokens, minimum=0)
+        key_cache, _ = self._pool(pool)
+        if index.numel() and index.max() >= key_cache.shape[0]:
+            raise PagedKVValueError(f"block_table names block {index.max().item()}, but the {pool} pool has "
+                                    f"{key_cache.shape[0]} blocks.")
         return tuple(cache[index].reshape(-1, self.num_kv_heads, self.head_size)[:num_tokens].clone()
                      for cache in self._pool(pool))
 
     def _pool(self, pool: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if pool not in self.pools:
-            raise PagedKVValueError(f"pool must be 'gpu' or 'cpu', got {pool!r}.")
-        return self.pools[pool]
+        return self.pools[check_choice("pool", pool, tuple(self.pools))]
 
     def _block_indices(self, pairs, src_pool: str, dst_pool: str) -> tuple[torch.Tensor, torch.Tensor]:
         self._pool(src_pool), self._pool(dst_pool)
-        if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+        if not is_list_like(pairs, ndim=2) and not is_list_like(pairs):  # a tensor [n, 2], or a list of pairs
             raise PagedKVValueError(f"block pairs must be a list of (src, dst) block ids, got {pairs!r}.")
         pairs = list(pairs)
         for pair in pairs:

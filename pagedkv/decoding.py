@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import PagedKVValueError
 from .manager import BlockSpaceManager
 from .paged_cache import PagedKVCache
 from .sizing import blocks_needed
-from .validate import check_int, check_token_ids
+from .validate import check_choice, check_int, check_token_ids
 
 
 class ToyScorer:
@@ -235,8 +234,7 @@ class BeamSearch(_Decoder):
 def run_decoding(mode: str, width: int, prompt, output_len: int, block_size: int = 16, seed: int = 0,
                  target=None, scorer=None) -> DecodeResult:
     """Decode ``output_len`` tokens in ``mode`` ("parallel" or "beam"); blocks are freed at the end."""
-    if mode not in ("parallel", "beam"):
-        raise PagedKVValueError(f"mode must be 'parallel' or 'beam', got {mode!r}.")
+    check_choice("mode", mode, ("parallel", "beam"))
     check_int("width", width, minimum=1)
     check_int("output_len", output_len, minimum=1)
     check_int("block_size", block_size, minimum=1)

@@ -28,7 +28,7 @@ from .kernels.validate import BACKENDS
 from .manager import BlockSpaceManager
 from .model import LlamaForCausalLM, causal_attention
 from .scheduler import Scheduler, SchedulerOutputs
-from .validate import check_int
+from .validate import check_choice, check_int, is_list_like
 
 
 @dataclass
@@ -83,8 +83,7 @@ class LLMEngine:
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
-        if backend not in BACKENDS:
-            raise PagedKVValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+        check_choice("backend", backend, BACKENDS)
         config = model.config
         self.model = model.eval()
         self.backend = backend
@@ -110,7 +109,7 @@ class LLMEngine:
 
     def generate(self, prompts: list[list[int]], max_tokens: int, *, ignore_eos: bool = False) -> list[list[int]]:
         """Greedy continuations of every prompt, in order; equal to ``generate_dense`` for each prompt alone."""
-        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
+        if not (is_list_like(prompts) or is_list_like(prompts, ndim=2)):
             raise PagedKVValueError("prompts must be a list of token-id lists, e.g. [tokenizer.encode('The ')].")
         prompts = [self.model.check_prompt(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
         check_int("max_tokens", max_tokens, minimum=1)  # everything checked before any request is added

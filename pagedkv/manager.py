@@ -28,7 +28,7 @@ from .errors import (
 from .prefix import PrefixCache, hash_block_tokens
 from .sizing import blocks_needed
 from .state import BlockState, ManagerState
-from .validate import check_hashable, check_int, check_token_ids
+from .validate import check_choice, check_hashable, check_int, check_token_ids
 
 DEVICES = ("gpu", "cpu")
 
@@ -61,6 +61,10 @@ class BlockSpaceManager:
         if isinstance(watermark, bool) or not isinstance(watermark, Real) or not 0 <= watermark < 1:
             raise PagedKVValueError(f"watermark must be a number in [0, 1) (the fraction of GPU blocks kept free "
                                     f"for appends; vLLM's default is 0.01), got {watermark!r}.")
+        for name, value in (("enable_prefix_caching", enable_prefix_caching),
+                            ("unnamed_blocks_first", unnamed_blocks_first)):
+            if not isinstance(value, bool):
+                raise PagedKVValueError(f"{name} must be True or False, got {value!r}.")
         for name, value, minimum in (("block_size", block_size, 1), ("num_gpu_blocks", num_gpu_blocks, 0),
                                      ("num_cpu_blocks", num_cpu_blocks, 0)):
             check_int(name, value, minimum)
@@ -341,9 +345,7 @@ class BlockSpaceManager:
                 "Allocate it first (or check for a typo).") from None
 
     def _allocator(self, device: str) -> BlockAllocator:
-        if device not in self.allocators:
-            raise PagedKVValueError(f"device must be 'gpu' or 'cpu', got {device!r}.")
-        return self.allocators[device]
+        return self.allocators[check_choice("device", device, tuple(self.allocators))]
 
     def _require_free(self, device: str, needed: int, what: str) -> None:
         free = self.allocators[device].num_free_blocks

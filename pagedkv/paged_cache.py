@@ -24,7 +24,7 @@ from .errors import PagedKVValueError, WrongDeviceError
 from .kernels import paged_attention
 from .manager import BlockSpaceManager
 from .state import ManagerState
-from .validate import check_int, check_token_ids
+from .validate import check_int, check_tensor, check_token_ids
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ class PagedKVCache:
 
         Returns the copy-on-write copies that were performed.
         """
-        if isinstance(key, torch.Tensor) and key.dim() == 2:
+        check_tensor("key", key), check_tensor("value", value)
+        if key.dim() == 2 and value.dim() == 2:
             key, value = key.unsqueeze(0), value.unsqueeze(0)
         self.engine.check_kv(key, value)
         start = self.manager.get_num_tokens(seq_id)
@@ -146,6 +147,8 @@ class PagedKVCache:
 
     def attention(self, query: torch.Tensor, seq_ids, backend: str = "auto", **kwargs) -> torch.Tensor:
         """One decode step of attention for ``seq_ids``: ``query`` is ``[len(seq_ids), num_heads, head_size]``."""
+        if isinstance(seq_ids, (str, bytes, dict)) or not isinstance(seq_ids, (list, tuple)):
+            raise PagedKVValueError(f"seq_ids must be a list of sequence ids, one per query row, got {seq_ids!r}.")
         block_tables, seq_lens = self.block_tables(list(seq_ids))
         return paged_attention(query, self.key_cache, self.value_cache, block_tables, seq_lens,
                                backend=backend, **kwargs)

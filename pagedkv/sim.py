@@ -36,7 +36,7 @@ from .errors import PagedKVValueError
 from .manager import BlockSpaceManager
 from .scheduler import Scheduler
 from .sizing import blocks_needed
-from .validate import check_int
+from .validate import check_choice, check_int
 
 POLICIES = ("reserve_max", "reserve_pow2", "oracle", "paged")
 PARTS = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
@@ -53,7 +53,7 @@ def synthetic_lengths(workload: str, num_requests: int, seed: int = 0, max_len: 
     with sigma 0.9 for ShareGPT conversations and 0.6 for Alpaca's short
     instructions; each request's total is capped at ``max_len``.
     """
-    if workload not in WORKLOADS:
+    if not isinstance(workload, str) or workload not in WORKLOADS:
         raise PagedKVValueError(f"unknown workload {workload!r}; use one of {sorted(WORKLOADS)} or pass lengths=.")
     check_int("num_requests", num_requests, minimum=0)
     check_int("seed", seed, minimum=0)
@@ -231,8 +231,7 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
              lengths=None, progress: bool | None = None, record_history: bool = False,
              preemption_mode: str = "recompute", watermark: float = 0.01, cost: CostModel = CostModel()) -> SimResult:
     """Serve every request; measure memory while requests are waiting, weighting each step by its duration."""
-    if policy not in POLICIES:
-        raise PagedKVValueError(f"unknown policy {policy!r}; use one of {POLICIES}.")
+    check_choice("policy", policy, POLICIES)
     for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_len", max_len),
                         ("num_requests", num_requests)):
         check_int(name, value, minimum=1)
@@ -307,6 +306,4 @@ def max_concurrent_requests(policy: str, budget_tokens: int = PAPER_BUDGET_TOKEN
         raise PagedKVValueError(f"request_len ({request_len}) is longer than max_len ({max_len}).")
     per_request = {"reserve_max": max_len, "reserve_pow2": 1 << (request_len - 1).bit_length(),
                    "oracle": request_len, "paged": blocks_needed(request_len, block_size) * block_size}
-    if policy not in per_request:
-        raise PagedKVValueError(f"unknown policy {policy!r}; use one of {POLICIES}.")
-    return budget_tokens // per_request[policy]
+    return budget_tokens // per_request[check_choice("policy", policy, POLICIES)]

@@ -13,6 +13,7 @@ from numbers import Real
 import torch
 
 from ..errors import BlockTableError, PagedKVValueError, ShapeError
+from ..validate import check_choice
 
 BACKENDS = ("auto", "cuda", "cpu", "torch")
 NUMBA_DTYPES = (torch.float32, torch.float16)
@@ -44,7 +45,7 @@ def _require(cond: bool, error, message: str) -> None:
 def check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, scale=None,
                          backend="auto", partition_size=None) -> AttentionShape:
     """Validate everything; return the sizes the kernels need."""
-    _require(backend in BACKENDS, PagedKVValueError, f"backend must be one of {BACKENDS}, got {backend!r}.")
+    check_choice("backend", backend, BACKENDS)
     named = {"query": query, "key_cache": key_cache, "value_cache": value_cache,
              "block_tables": block_tables, "seq_lens": seq_lens}
     for name, t in named.items():

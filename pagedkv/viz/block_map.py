@@ -11,12 +11,14 @@ logical block table, entry ``i`` showing the physical block it maps to.
 from __future__ import annotations
 
 import math
+from numbers import Integral
 
 import matplotlib.pyplot as plt
 from matplotlib.collections import PolyCollection
 
 from ..errors import PagedKVValueError
 from ..state import ManagerState
+from ..validate import check_int, is_list_like
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
 PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999933",
@@ -36,6 +38,20 @@ def _grid_columns(num_blocks: int) -> int:
     return max(1, min(16, math.ceil(math.sqrt(num_blocks * 2))))
 
 
+def _block_refs(name: str, refs) -> set:
+    """``highlight``/``sources`` as ``{(device, block_id)}``: GPU block ids, or ``(device, id)`` pairs."""
+    if not is_list_like(refs):
+        raise PagedKVValueError(f"{name} must be a list of block ids or (device, block_id) pairs (() for none), "
+                                f"got {refs!r}.")
+    out = set()
+    for ref in refs:
+        device, block_id = ref if isinstance(ref, tuple) and len(ref) == 2 else ("gpu", ref)
+        if device not in ("gpu", "cpu") or isinstance(block_id, bool) or not isinstance(block_id, Integral):
+            raise PagedKVValueError(f"{name} holds {ref!r}; use GPU block ids (ints) or ('gpu'|'cpu', id) pairs.")
+        out.add((device, int(block_id)))
+    return out
+
+
 def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None = None,
                    show_tables: bool = True, labels: bool | None = None, sources=(), columns: int | None = None):
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
@@ -51,9 +67,13 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     if not isinstance(state, ManagerState):
         raise PagedKVValueError(f"draw_block_map draws a snapshot, got {type(state).__name__}; pass "
                                 "manager.snapshot() (or cache.snapshot()).")
+    marked, copied = _block_refs("highlight", highlight), _block_refs("sources", sources)
+    columns = None if columns is None else check_int("columns", columns, minimum=1)
+    for name, value, allowed in (("title", title, (str, type(None))), ("show_tables", show_tables, (bool,)),
+                                 ("labels", labels, (bool, type(None)))):
+        if not isinstance(value, allowed):
+            raise PagedKVValueError(f"{name} must be {' or '.join(t.__name__ for t in allowed)}, got {value!r}.")
     colors = seq_colors(state)
-    marked = {h if isinstance(h, tuple) else ("gpu", h) for h in highlight}
-    copied = {h if isinstance(h, tuple) else ("gpu", h) for h in sources}
     pools = [d for d, n in (("gpu", state.num_gpu_blocks), ("cpu", state.num_cpu_blocks)) if n]
     labels = labels if labels is not None else len(state.blocks) <= 128
     cols = {d: columns or _grid_columns(len(state.device_blocks(d))) for d in pools}

@@ -40,10 +40,13 @@ class BlockTableVisualizer:
     def __init__(self, target: PagedKVCache | BlockSpaceManager | None = None, *, block_size: int = 4,
                  num_gpu_blocks: int = 24, num_cpu_blocks: int = 8, watermark: float = 0.0,
                  enable_prefix_caching: bool = False, beam_width: int = 3, seed: int = 0):
+        if target is not None and not isinstance(target, (PagedKVCache, BlockSpaceManager)):
+            raise PagedKVValueError(f"target must be a PagedKVCache, a BlockSpaceManager or None (a new cache), "
+                                    f"got {target!r}.")
         self.settings = dict(block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
                              watermark=watermark, enable_prefix_caching=enable_prefix_caching)
-        self.beam_width = beam_width
-        self.rng = random.Random(seed)
+        self.beam_width = check_int("beam_width", beam_width, minimum=1)
+        self.rng = random.Random(check_int("seed", seed, minimum=0))
         self.message, self.message_is_error = "", False
         self.log: list[str] = []
         self.last_touched: list = []
