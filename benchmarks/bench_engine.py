@@ -1,6 +1,11 @@
-"""The engine end to end with the tiny Llama on CPU: paged continuous batching vs static contiguous batches.
+"""The engine end to end on CPU: the tiny Llama (paged vs static batches), or SmolLM2 against transformers.
 
     python benchmarks/bench_engine.py [--requests 48] [--budget 4096]
+    python benchmarks/bench_engine.py --model smollm2 [--requests 32] [--hf-batch 16]
+
+``--model smollm2``: a real chat model, SmolLM2-135M-Instruct, served three ways on the same prompts: pagedkv's
+``LLMEngine``, transformers' ``generate`` in padded static batches, and transformers' own continuous batching
+(``init_continuous_batching``, paged attention, on CPU here). See :func:`smollm2_main`.
 
 Both sides run the same model code and the same attention kernel (the numba CPU twin); only the policy differs:
 
@@ -22,7 +27,7 @@ from pagedkv.model import generate_dense, load_tiny
 from pagedkv.sim import synthetic_lengths
 from pagedkv.train_tiny import corpus
 
-from _common import machine
+from _common import best_of, machine
 
 BLOCK_SIZE, MAX_LEN = 16, 512
 
@@ -51,9 +56,16 @@ def serve(engine, requests, batch_size=None):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    parser.add_argument("--requests", type=int, default=None, help="48 for the tiny model, 32 for SmolLM2")
     parser.add_argument("--budget", type=int, default=4096, help="KV budget in token slots, the same for both")
+    parser.add_argument("--hf-batch", type=int, default=16, help="SmolLM2: transformers generate's batch size")
+    parser.add_argument("--block-size", type=int, default=16, help="SmolLM2: pagedkv's block size")
     args = parser.parse_args()
+    if args.model == "smollm2":
+        args.requests = args.requests or 32
+        return smollm2_main(args)
+    args.requests = args.requests or 48
     model, _ = load_tiny()
     c = model.config
     spec = ModelSpec("tiny", c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
@@ -91,6 +103,177 @@ def main():
     assert paged_out == dense_out
     print(f"one request, {n} tokens: dense {n / dense_s:6.1f} tokens/s, paged {n / paged_s:6.1f} tokens/s "
           f"(paged / dense time {paged_s / dense_s:.2f}x)")
+
+
+# ----------------------------------------------------------------------------------- SmolLM2 vs transformers
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "Who wrote Hamlet?", "What is 12 times 7?",
+    "Give me three tips for a good night's sleep.", "Explain photosynthesis to a ten-year-old.",
+    "What is the difference between a list and a tuple in Python?", "Name the planets of the solar system.",
+    "Write a short story about a robot who learns to paint.", "How do vaccines work?",
+    "Translate 'good morning' into Spanish and French.", "What causes the seasons on Earth?",
+    "Suggest a name for a bakery.", "Describe the water cycle.", "Why is the sky blue?",
+    "Write a limerick about a cat.",
+]
+
+
+def chat_workload(tokenizer, num_requests, seed=0):
+    """``(prompt ids, max_tokens)``: chat prompts of mixed length and ShareGPT-like output limits (16-128).
+
+    Every other request after the first 16 asks about a passage of the Python docs (100-600 words), so prompt
+    lengths spread from ~35 to ~900 tokens, as real conversations do.
+    """
+    text = corpus().decode("utf-8", errors="replace").split()
+    lengths = synthetic_lengths("sharegpt", num_requests, seed, 4096)
+    requests = []
+    for i, (prompt_len, output_len) in enumerate(lengths):
+        question = QUESTIONS[i % len(QUESTIONS)]
+        if i >= len(QUESTIONS) and i % 2:
+            words = min(600, max(100, prompt_len))
+            start = (i * 7919) % (len(text) - words)
+            question = f"Summarize this passage in two sentences:\n\n{' '.join(text[start:start + words])}"
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        requests.append((ids, min(128, max(16, output_len // 2))))
+    return requests
+
+
+def useful(tokens, max_tokens, eos):
+    """What a user gets: tokens up to the request's limit and its EOS, nothing generated after either."""
+    tokens = list(tokens)[:max_tokens]
+    return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def run_pagedkv(model, requests, block_size=16):
+    """All requests at once through LLMEngine; (seconds, outputs, time to first token of each, peak blocks).
+
+    The pool holds every request at its longest (no preemption, as transformers holds them all too), and is
+    allocated before the clock starts, as vLLM sizes its cache at start-up. Prefix caching on (vLLM's default).
+    """
+    blocks = sum(-(-(len(p) + m) // block_size) for p, m in requests)
+    engine = LLMEngine(model, num_gpu_blocks=blocks, block_size=block_size, max_num_batched_tokens=4096,
+                       enable_prefix_caching=True)
+    start, first = time.perf_counter(), {}
+    for i, (prompt, max_tokens) in enumerate(requests):
+        engine.add_request(i, prompt, max_tokens)
+    while engine.has_unfinished_requests():
+        out = engine.step()
+        now = time.perf_counter() - start
+        for request_id, _ in out.prefills:
+            first.setdefault(request_id, now)
+    seconds = time.perf_counter() - start
+    outputs = [engine.scheduler.finished[i] for i in range(len(requests))]
+    return seconds, outputs, [first[i] for i in range(len(requests))], engine.stats.peak_gpu_blocks
+
+
+def run_hf_static(hf, requests, batch_size, pad_id):
+    """transformers ``generate``, greedy, left-padded static batches in arrival order."""
+    import torch
+
+    start, outputs, first = time.perf_counter(), [], []
+    for b in range(0, len(requests), batch_size):
+        batch = requests[b:b + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        batch_start = time.perf_counter() - start
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=max(m for _, m in batch), do_sample=False,
+                          pad_token_id=pad_id)
+        outputs += [row[width:].tolist() for row in out]
+        first += [batch_start] * len(batch)  # a static batch's first tokens come after its prefill (not timed)
+    return time.perf_counter() - start, outputs, first
+
+
+def run_hf_continuous(hf, requests, eos):
+    """transformers' continuous batching: every request added with its own max_new_tokens, results collected."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=max(m for _, m in requests), do_sample=False, eos_token_id=eos,
+                              pad_token_id=eos)
+    start, results = time.perf_counter(), {}
+    with hf.continuous_batching_context_manager(generation_config=config, block=True, timeout=5) as manager:
+        ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=m) for i, (p, m) in enumerate(requests)]
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                results[result.request_id] = result.generated_tokens
+    return time.perf_counter() - start, [results[i] for i in ids]
+
+
+def matmul_rate(config, rows):
+    """Best measured float32 GFLOP/s of torch on this model's own weight shapes, ``rows`` tokens at a time."""
+    import torch
+
+    h, i, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * config.head_dim
+    shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]
+    weights = [torch.randn(o, n) for o, n in shapes]
+    x, y = torch.randn(rows, h), torch.randn(rows, i)
+    flops = sum(2 * rows * o * n for o, n in shapes)
+
+    def layer():
+        for (_, n), w in zip(shapes, weights):
+            (y if n == i else x) @ w.T
+    return flops / best_of(lambda: [layer() for _ in range(10)], 5) * 10 / 1e9
+
+
+def smollm2_main(args):
+    """SmolLM2-135M-Instruct: pagedkv vs transformers generate vs transformers continuous batching."""
+    import torch
+    import transformers
+
+    from pagedkv.model import load_smollm2, smollm2_path
+
+    load_start = time.perf_counter()
+    model, tokenizer = load_smollm2()
+    load_seconds = time.perf_counter() - load_start
+    path = smollm2_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    c, eos = model.config, model.config.eos_token_id
+    spec = ModelSpec("smollm2", c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                     "float32")
+    requests = chat_workload(tokenizer, args.requests)
+    print(f"machine: {machine()}, torch {torch.__version__} with {torch.get_num_threads()} threads, "
+          f"transformers {transformers.__version__}")
+    print(f"load_smollm2(): {load_seconds:.1f} s")
+    print(f"{len(requests)} chat requests: prompts {min(len(p) for p, _ in requests)}-"
+          f"{max(len(p) for p, _ in requests)} tokens (mean {sum(len(p) for p, _ in requests) / len(requests):.0f}),"
+          f" max_tokens {min(m for _, m in requests)}-{max(m for _, m in requests)} "
+          f"(mean {sum(m for _, m in requests) / len(requests):.0f}), greedy, EOS stops")
+    run_pagedkv(model, requests[:2])  # compile the CPU attention kernel before timing
+
+    p_seconds, p_out, p_first, p_peak = run_pagedkv(model, requests)
+    with torch.inference_mode():
+        s_seconds, s_out, s_first = run_hf_static(hf, requests, args.hf_batch, eos)
+    c_seconds, c_out = run_hf_continuous(hf, requests, eos)  # its own thread: not under inference_mode
+    p_out = [useful(t, m, eos) for t, (_, m) in zip(p_out, requests)]
+    s_out = [useful(t, m, eos) for t, (_, m) in zip(s_out, requests)]
+    c_out = [useful(t, m, eos) for t, (_, m) in zip(c_out, requests)]
+    same_static = sum(a == b for a, b in zip(p_out, s_out))
+    same_cb = sum(a == b for a, b in zip(p_out, c_out))
+    print(f"greedy outputs equal to pagedkv's: transformers generate {same_static}/{len(requests)}, "
+          f"continuous batching {same_cb}/{len(requests)}")
+    assert same_cb == len(requests), "pagedkv and transformers' unpadded continuous batching must agree"
+    assert same_static >= len(requests) - 2, "padding may flip a near-tie, not more"
+
+    tokens = sum(len(t) for t in p_out)
+    kv_token = spec.kv_bytes_per_token
+    static_peak = max(len(p) for p, _ in requests) + max(m for _, m in requests)
+    rate = matmul_rate(c, rows=len(requests))
+    flops_per_token = 2 * sum(p.numel() for n, p in model.named_parameters() if "norm" not in n)
+    limit = rate * 1e9 / flops_per_token
+    print(f"the limit: torch float32 matmul on this model's shapes, {len(requests)} rows: {rate:.1f} GFLOP/s; "
+          f"{flops_per_token / 1e6:.0f} MFLOP per token -> at most {limit:.0f} tokens/s")
+    print(f"{'':34} useful tokens/s  mean TTFT  peak KV        of the limit")
+    rows = [("pagedkv LLMEngine (paged, v0)", tokens, p_seconds, sum(p_first) / len(p_first),
+             f"{p_peak * args.block_size * kv_token / 2**20:6.1f} MiB"),
+            (f"transformers generate (batch {args.hf_batch})", sum(len(t) for t in s_out), s_seconds,
+             sum(s_first) / len(s_first),
+             f"{args.hf_batch * static_peak * kv_token / 2**20:6.1f} MiB"),
+            ("transformers continuous batching", sum(len(t) for t in c_out), c_seconds, float("nan"), "   n/a")]
+    for name, n, seconds, ttft, peak in rows:
+        print(f"{name:34} {n / seconds:10.1f}      {ttft:6.2f} s  {peak}  {n / seconds / limit:6.1%}")
+    print(f"summary: pagedkv / transformers continuous batching {c_seconds / p_seconds * tokens / rows[2][1]:.2f}x,"
+          f" pagedkv / transformers generate {s_seconds / p_seconds * tokens / rows[1][1]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,18 @@ def _device(device) -> torch.device:
     return device
 
 
+def reshape_and_cache(key_cache: torch.Tensor, value_cache: torch.Tensor, slots: torch.Tensor,
+                      k: torch.Tensor, v: torch.Tensor) -> None:
+    """Token ``i``'s K and V into slot ``slots[i]`` (block ``slot // block_size``, offset ``slot % block_size``).
+
+    vLLM's ``reshape_and_cache`` op (``csrc/cache_kernels.cu``), unchecked: :meth:`CacheEngine.write` checks
+    first, and the engine checks its slot mapping once per step, then writes every layer with this.
+    """
+    num_kv_heads, head_size = key_cache.shape[2:]
+    key_cache.view(-1, num_kv_heads, head_size)[slots] = k.to(key_cache.device)  # a slot-major view, no copy
+    value_cache.view(-1, num_kv_heads, head_size)[slots] = v.to(value_cache.device)
+
+
 class CacheEngine:
     """Allocates the K/V tensors of both pools and moves data between blocks."""
 
@@ -103,10 +115,8 @@ class CacheEngine:
             raise PagedKVValueError(f"slot_mapping holds {slots.min().item()}..{slots.max().item()}, "
                                     f"but this pool has slots 0..{num_slots - 1} (-1 means skip).")
         keep = slots >= 0
-        flat_k = key_cache.view(-1, self.num_kv_heads, self.head_size)  # slot-major view, no copy
-        flat_v = value_cache.view(-1, self.num_kv_heads, self.head_size)
-        flat_k[slots[keep]] = k.detach()[keep].to(key_cache.device)  # a cache stores values, never autograd history
-        flat_v[slots[keep]] = v.detach()[keep].to(value_cache.device)
+        # a cache stores values, never autograd history
+        reshape_and_cache(key_cache, value_cache, slots[keep], k.detach()[keep], v.detach()[keep])
 
     def copy_blocks(self, pairs, pool: str = "gpu") -> None:
         """Copy whole blocks ``src -> dst`` inside one pool (all copy-on-write copies at once)."""

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import CacheEngine
+from .cache import CacheEngine, reshape_and_cache
 from .errors import PagedKVValueError
-from .kernels import gather_kv, paged_attention
+from .kernels import check_attention_args, gather_kv, run_paged_attention
 from .kernels.validate import BACKENDS
 from .manager import BlockSpaceManager
 from .model import LlamaForCausalLM, causal_attention
@@ -60,16 +60,28 @@ class PagedKVStore:
     seq_lens: torch.Tensor  # the decodes', int32
     backend: str
 
+    def __post_init__(self):
+        """What every layer reuses: the rows to write and their slots, and (after layer 0) the decode shape."""
+        keep = self.slot_mapping >= 0
+        self._rows = None if bool(keep.all()) else keep
+        self._slots = self.slot_mapping[keep]
+        self._shape = None  # the decodes' sizes, checked by the first layer (vLLM: attention metadata)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         cache = self.caches[layer]
-        cache.write(self.slot_mapping, k, v)  # vLLM: reshape_and_cache
+        new_kv = (k, v) if self._rows is None else (k[self._rows], v[self._rows])
+        reshape_and_cache(cache.key_cache, cache.value_cache, self._slots, *new_kv)
         out = torch.empty_like(q)
         for p in self.prefills:  # the cached prefix blocks + the tokens just written, causally
             keys, values = gather_kv(cache.key_cache, cache.value_cache, p.block_table, p.context_len)
             out[p.rows] = causal_attention(q[p.rows], keys, values, p.num_past)
         if self.decode_rows.stop > self.decode_rows.start:  # one query each, over its pages, in place
-            out[self.decode_rows] = paged_attention(q[self.decode_rows], cache.key_cache, cache.value_cache,
-                                                    self.block_tables, self.seq_lens, backend=self.backend)
+            query = q[self.decode_rows]
+            if self._shape is None:
+                self._shape = check_attention_args(query, cache.key_cache, cache.value_cache, self.block_tables,
+                                                   self.seq_lens, backend=self.backend)
+            out[self.decode_rows] = run_paged_attention(query, cache.key_cache, cache.value_cache, self.block_tables,
+                                                        self.seq_lens, self._shape, self.backend)
         return out
 
 

@@ -17,7 +17,6 @@ dense reference (one growing tensor per layer); the paged store lives in
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -129,18 +128,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_past: int = 0) -> torch.Tensor:
-    """Softmax attention of ``T`` new queries over ``num_past + T`` keys, causally, in float32.
+    """Softmax attention of ``T`` new queries over ``num_past + T`` keys, causally, in float32 (torch's SDPA).
 
     ``q [T, heads, head_dim]``, ``k, v [num_past + T, kv_heads, head_dim]``; query ``i`` (at position
     ``num_past + i``) sees keys ``0 .. num_past + i``.  GQA: query head h reads KV head ``h // group``.
     """
-    group = q.shape[1] // k.shape[1]
-    k = k.float().repeat_interleave(group, dim=1)
-    v = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) / math.sqrt(q.shape[-1])
-    future = torch.arange(k.shape[0])[None, :] > num_past + torch.arange(q.shape[0])[:, None]
-    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    num_new = q.shape[0]
+    mask = None  # no past: plain causal; one query: it sees every key
+    if num_past and num_new > 1:
+        mask = torch.arange(num_past + num_new)[None, :] <= num_past + torch.arange(num_new)[:, None]
+    out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
+                                         v.float().transpose(0, 1), attn_mask=mask,
+                                         is_causal=not num_past and num_new > 1, enable_gqa=True)
+    return out.transpose(0, 1).to(q.dtype)
 
 
 class ContiguousKVCache:
@@ -171,18 +171,17 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+        self.head_dim = config.head_dim
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv=None) -> torch.Tensor:
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv is None:  # training and plain forward passes: [batch, T, heads, head_dim], no cache
             out = F.scaled_dot_product_attention(q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3),
                                                  is_causal=True, enable_gqa=True).transpose(-2, -3)
@@ -214,8 +213,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv=None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -223,13 +222,15 @@ class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv=None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = rope_cos_sin(positions, self.head_dim, self.rope_theta)  # once; every layer rotates by the same
         for layer in self.layers:
-            x = layer(x, positions, kv)
+            x = layer(x, rope, kv)
         return self.norm(x)
 
 

@@ -42,6 +42,16 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale
     """
     shape = check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, scale,
                                  backend, partition_size)
+    return run_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape, backend, partition_size)
+
+
+def run_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape, backend="auto",
+                        partition_size=None):
+    """``paged_attention`` after its checks, with ``shape`` from ``check_attention_args``.
+
+    For a caller that checks once and launches many times: the engine runs every layer of a step on the same
+    block tables, as vLLM builds its attention metadata once per step and every layer reuses it.
+    """
     if shape.num_seqs == 0:  # nothing to attend: no launch at all
         return query.new_empty(tuple(query.shape))
     # Attention reads values; autograd history on an input must not reach the kernels (or the caches).
@@ -57,4 +67,4 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale
 
 
 __all__ = ["CUDA_MODE", "paged_attention", "reference_paged_attention", "resolve_backend", "gather_kv",
-           "check_attention_args"]
+           "check_attention_args", "run_paged_attention"]
