@@ -24,9 +24,10 @@ from .errors import (
 )
 from .kernels import CUDA_MODE, paged_attention, reference_paged_attention  # first: sets the CUDA mode
 from .manager import AllocStatus, BlockSpaceManager
-from .model import LlamaConfig, LlamaForCausalLM, generate_dense, load_smollm2, load_tiny
+from .model import LlamaConfig, LlamaForCausalLM, beam_search_dense, generate_dense, load_smollm2, load_tiny
 from .paged_cache import CacheEvent, PagedKVCache
 from .prefix import hash_block_tokens
+from .sampling import BeamSearchParams, CompletionOutput, RequestOutput, SamplingParams
 from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from .sizing import MODELS, ModelSpec, cache_block_bytes, num_cpu_blocks, num_gpu_blocks
 from .state import BlockState, ManagerState
@@ -34,12 +35,12 @@ from .state import BlockState, ManagerState
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllocStatus", "BlockAllocator", "BlockSpaceManager", "BlockState", "BlockTableError", "CUDA_MODE",
-    "CacheEngine", "CacheEvent", "DoubleFreeError", "DuplicateSequenceError", "EmptyPromptError", "EngineStats",
-    "FreeBlockQueue", "LLMEngine", "LlamaConfig", "LlamaForCausalLM", "MODELS", "ManagerState", "ModelFileError",
-    "ModelSpec",
-    "NoFreeBlocksError", "PagedKVCache", "PagedKVError", "PagedKVKeyError", "PagedKVValueError", "PreemptionMode",
-    "Scheduler", "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "cache_block_bytes",
-    "generate_dense", "hash_block_tokens", "load_smollm2", "load_tiny", "num_cpu_blocks", "num_gpu_blocks",
-    "paged_attention", "reference_paged_attention",
+    "AllocStatus", "BeamSearchParams", "BlockAllocator", "BlockSpaceManager", "BlockState", "BlockTableError",
+    "CUDA_MODE", "CacheEngine", "CacheEvent", "CompletionOutput", "DoubleFreeError", "DuplicateSequenceError",
+    "EmptyPromptError", "EngineStats", "FreeBlockQueue", "LLMEngine", "LlamaConfig", "LlamaForCausalLM", "MODELS",
+    "ManagerState", "ModelFileError", "ModelSpec", "NoFreeBlocksError", "PagedKVCache", "PagedKVError",
+    "PagedKVKeyError", "PagedKVValueError", "PreemptionMode", "RequestOutput", "SamplingParams", "Scheduler",
+    "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "beam_search_dense",
+    "cache_block_bytes", "generate_dense", "hash_block_tokens", "load_smollm2", "load_tiny", "num_cpu_blocks",
+    "num_gpu_blocks", "paged_attention", "reference_paged_attention",
 ]

@@ -84,7 +84,7 @@ def visualize(port: int, open_browser: bool) -> int:
     import importlib.util
 
     if importlib.util.find_spec("voila") is None:
-        return fail("the visualizer app needs Voila: pip install 'pagedkv[viz]' (or run make visualizer).")
+        return fail("the visualizer app needs Voila: pip install -e '.[viz]' in the checkout (or run make visualizer).")
     app = Path(__file__).parent / "viz" / "app.ipynb"
     command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
                "--show_tracebacks=False"]

@@ -25,6 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import ModelFileError, PagedKVValueError, ShapeError
+from .sampling import (
+    BeamSearchParams,
+    CompletionOutput,
+    RequestOutput,
+    SamplingParams,
+    beam_search_score,
+    logprob,
+    sample,
+)
 from .validate import check_int, check_token_ids
 
 TINY_DIR = Path(__file__).parent / "data" / "tiny_llama"
@@ -156,6 +165,12 @@ class ContiguousKVCache:
     def num_tokens(self) -> int:
         return self.keys[0].shape[0] if self.keys else 0
 
+    def copy(self) -> ContiguousKVCache:
+        """A full copy of every layer's K and V: what a fork costs without paging."""
+        twin = ContiguousKVCache()
+        twin.keys, twin.values = dict(self.keys), dict(self.values)  # tensors are never written in place
+        return twin
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         num_past = self.keys[layer].shape[0] if layer in self.keys else 0
         self.keys[layer] = torch.cat([self.keys[layer], k]) if num_past else k
@@ -263,8 +278,12 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model(input_ids, positions, kv)[rows])
 
     def check_prompt(self, name: str, token_ids) -> list[int]:
-        """Token ids as ints, each inside the vocabulary."""
-        tokens = check_token_ids(name, token_ids)
+        """Token ids as ints, at least one, each inside the vocabulary."""
+        return self.check_token_ids(name, check_token_ids(name, token_ids))
+
+    def check_token_ids(self, name: str, tokens) -> list[int]:
+        """Every id inside the vocabulary (prompt tokens, stop tokens)."""
+        tokens = list(tokens)
         bad = [t for t in tokens if not 0 <= t < self.config.vocab_size]
         if bad:
             raise PagedKVValueError(f"{name} has ids {bad[:5]} outside the vocabulary "
@@ -343,26 +362,98 @@ class LlamaForCausalLM(nn.Module):
 
 # ---------------------------------------------------------- dense decoding
 @torch.inference_mode()
-def generate_dense(model: LlamaForCausalLM, prompt_token_ids, max_tokens: int, *, ignore_eos: bool = False
-                   ) -> list[int]:
-    """Greedy decoding with a contiguous KV cache: the reference every paged run must equal.
+def generate_dense(model: LlamaForCausalLM, prompt_token_ids, params, *, ignore_eos: bool = False):
+    """Decoding with a plain contiguous KV cache: the reference every paged run must equal.
 
-    Stops after ``max_tokens`` tokens, or after the model's ``eos_token_id`` (included, as vLLM returns it)
-    unless ``ignore_eos``.
+    ``params`` an int: greedy decoding of at most that many tokens, returned as a ``list[int]``; it stops after
+    the model's ``eos_token_id`` (included, as vLLM returns it) unless ``ignore_eos``. ``params`` a
+    :class:`SamplingParams`: a :class:`RequestOutput` whose ``n`` samples are each decoded alone, sample ``i``
+    with its own seeded generator (so the paged engine, batching them, must produce the very same tokens).
     """
+    tokens = _check_model_and_prompt(model, prompt_token_ids)
+    if isinstance(params, SamplingParams):
+        model.check_token_ids("stop_token_ids", params.stop_token_ids)
+        samples = [_decode_one(model, tokens, params, generator, i) for i, generator in enumerate(params.generators())]
+        return RequestOutput(None, tokens, samples)
+    if isinstance(params, BeamSearchParams):
+        raise PagedKVValueError("generate_dense samples; for BeamSearchParams call beam_search_dense.")
+    greedy = SamplingParams(temperature=0, max_tokens=check_int("max_tokens", params, minimum=1),
+                            ignore_eos=ignore_eos)
+    return _decode_one(model, tokens, greedy, None, 0).token_ids
+
+
+def _decode_one(model, tokens: list[int], params: SamplingParams, generator, index: int) -> CompletionOutput:
+    """One sample: prefill the prompt, then one token at a time over a contiguous cache."""
+    stop = model.stop_token_ids(params.ignore_eos) | set(params.stop_token_ids)
+    kv = ContiguousKVCache()
+    logits = model.last_logits(torch.tensor(tokens), torch.arange(len(tokens)), kv, [-1])[0]  # prefill
+    generated, cumulative = [], 0.0
+    while True:
+        token = sample(logits, params, generator)
+        generated.append(token)
+        cumulative += logprob(logits, token)
+        if token in stop or len(generated) == params.max_tokens:
+            reason = "stop" if token in stop else "length"
+            return CompletionOutput(index, generated, cumulative, reason)
+        position = len(tokens) + len(generated) - 1  # decode: the new token attends over the cache
+        logits = model.last_logits(torch.tensor([token]), torch.tensor([position]), kv, [-1])[0]
+
+
+@dataclass
+class _Beam:
+    token_ids: list[int]  # generated so far
+    cumulative_logprob: float
+    kv: ContiguousKVCache  # the beam's own copy of every past K/V: what paging shares instead
+    logits: torch.Tensor | None  # the next token's logits
+
+
+@torch.inference_mode()
+def beam_search_dense(model: LlamaForCausalLM, prompt_token_ids, params: BeamSearchParams) -> RequestOutput:
+    """Beam search with contiguous caches, as vLLM 0.33's ``LLM.beam_search`` scores it.
+
+    Every step each live beam proposes its ``2 * beam_width`` most likely next tokens; a proposal ending in EOS
+    is complete (unless ``ignore_eos``); the others are ranked by :func:`beam_search_score` and the best
+    ``beam_width`` live on, each with its own copy of its parent's cache. After ``max_tokens`` steps (or when no
+    beam is left) the complete and live beams are ranked together; the best ``beam_width`` are returned, best
+    first.
+    """
+    tokens = _check_model_and_prompt(model, prompt_token_ids)
+    if not isinstance(params, BeamSearchParams):
+        raise PagedKVValueError(f"params must be a BeamSearchParams, got {params!r}.")
+    eos = model.config.eos_token_id if not params.ignore_eos else None
+    kv = ContiguousKVCache()
+    beams = [_Beam([], 0.0, kv, model.last_logits(torch.tensor(tokens), torch.arange(len(tokens)), kv, [-1])[0])]
+    completed = []
+    for _ in range(params.max_tokens):
+        if not beams:
+            break
+        candidates = []
+        for beam in beams:
+            logprobs = torch.log_softmax(beam.logits.float(), dim=-1)
+            top = torch.topk(logprobs, min(2 * params.beam_width, logprobs.numel()))
+            for token, lp in zip(top.indices.tolist(), top.values.tolist()):
+                child = _Beam(beam.token_ids + [token], beam.cumulative_logprob + lp, beam.kv, None)
+                (completed if token == eos else candidates).append(child)
+        beams = sorted(candidates, key=lambda b: _score(b, params), reverse=True)[:params.beam_width]
+        for beam in beams:  # each survivor copies its parent's cache and runs its new token
+            beam.kv = beam.kv.copy()
+            position = len(tokens) + len(beam.token_ids) - 1
+            beam.logits = model.last_logits(torch.tensor(beam.token_ids[-1:]), torch.tensor([position]), beam.kv,
+                                            [-1])[0]
+    best = sorted(completed + beams, key=lambda b: _score(b, params), reverse=True)[:params.beam_width]
+    return RequestOutput(None, tokens, [
+        CompletionOutput(i, b.token_ids, b.cumulative_logprob, "stop" if b.token_ids[-1] == eos else "length")
+        for i, b in enumerate(best)])
+
+
+def _score(beam: _Beam, params: BeamSearchParams) -> float:
+    return beam_search_score(len(beam.token_ids), beam.cumulative_logprob, params.length_penalty)
+
+
+def _check_model_and_prompt(model, prompt_token_ids) -> list[int]:
     if not isinstance(model, LlamaForCausalLM):
         raise PagedKVValueError(f"model must be a pagedkv LlamaForCausalLM, got {type(model).__name__}.")
-    tokens = model.check_prompt("prompt_token_ids", prompt_token_ids)
-    max_tokens = check_int("max_tokens", max_tokens, minimum=1)
-    stop = model.stop_token_ids(ignore_eos)
-    kv = ContiguousKVCache()
-    logits = model.last_logits(torch.tensor(tokens), torch.arange(len(tokens)), kv, [-1])  # prefill: the prompt
-    generated = [int(logits[-1].argmax())]
-    while len(generated) < max_tokens and generated[-1] not in stop:  # decode: one token at a time
-        position = len(tokens) + len(generated) - 1
-        logits = model(torch.tensor(generated[-1:]), torch.tensor([position]), kv)
-        generated.append(int(logits[-1].argmax()))
-    return generated
+    return model.check_prompt("prompt_token_ids", prompt_token_ids)
 
 
 # ------------------------------------------------------- the shipped model

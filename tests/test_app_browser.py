@@ -21,7 +21,7 @@ pytestmark = pytest.mark.browser
 @pytest.fixture
 def app(tmp_path):
     if importlib.util.find_spec("voila") is None:
-        pytest.skip("Voila is not installed: pip install 'pagedkv[viz]'")
+        pytest.skip("Voila is not installed: pip install -e '.[viz]'")
     port = free_port()
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PAGEDKV_QUIET": "1"}
     log = open(tmp_path / "voila.log", "w")

@@ -3,7 +3,7 @@
 Each kernel is compiled to PTX (``ptx.py``), linked for a real architecture by
 nvJitLink through ``cuda.core``'s ``Linker`` (its verbose log gives registers,
 spills, shared and local memory), and disassembled to SASS with NVIDIA's
-``nvdisasm`` (the ``perf`` extra: ``pip install 'pagedkv[perf]'``).
+``nvdisasm`` (the ``perf`` extra: ``pip install -e '.[perf]'``).
 
 What is measured, and what is an estimate:
 
@@ -79,7 +79,7 @@ def nvdisasm() -> str:
     found = shutil.which("nvdisasm")
     if found:
         return found
-    raise PagedKVError("nvdisasm was not found: pip install 'pagedkv[perf]' (NVIDIA's disassembler wheel).")
+    raise PagedKVError("nvdisasm was not found: pip install -e '.[perf]' (NVIDIA's disassembler wheel).")
 
 
 def link(ptx: str, cc: tuple[int, int]) -> tuple[bytes, LinkInfo]:
