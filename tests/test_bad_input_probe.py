@@ -123,7 +123,7 @@ CALLS = [
      dict(request_id="b", prompt_token_ids=[1, 2], max_tokens=2)),
     ("LLMEngine.generate", engine, lambda t, **a: t.generate(**a), dict(prompts=[[1, 2]], max_tokens=2)),
     ("generate_dense", None, lambda _, **a: generate_dense(LlamaForCausalLM(TINY), **a),
-     dict(prompt_token_ids=[1, 2], max_tokens=2)),
+     dict(prompt_token_ids=[1, 2], params=2)),
     ("draw_block_map", None, lambda _, **a: draw_block_map(manager().snapshot(), **a),
      dict(highlight=[0], title="t", show_tables=True, labels=True, sources=[1], columns=4)),
     ("BlockTableVisualizer", None, lambda _, **a: BlockTableVisualizer(**a),
