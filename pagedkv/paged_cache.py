@@ -24,7 +24,7 @@ from .errors import PagedKVValueError, WrongDeviceError
 from .kernels import paged_attention
 from .manager import BlockSpaceManager
 from .state import ManagerState
-from .validate import check_int, check_tensor, check_token_ids
+from .validate import check_int, check_tensor, check_token_ids, is_list_like
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class PagedKVCache:
 
     def attention(self, query: torch.Tensor, seq_ids, backend: str = "auto", **kwargs) -> torch.Tensor:
         """One decode step of attention for ``seq_ids``: ``query`` is ``[len(seq_ids), num_heads, head_size]``."""
-        if isinstance(seq_ids, (str, bytes, dict)) or not isinstance(seq_ids, (list, tuple)):
+        if not is_list_like(seq_ids):
             raise PagedKVValueError(f"seq_ids must be a list of sequence ids, one per query row, got {seq_ids!r}.")
         block_tables, seq_lens = self.block_tables(list(seq_ids))
         return paged_attention(query, self.key_cache, self.value_cache, block_tables, seq_lens,
