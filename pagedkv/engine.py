@@ -22,11 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from .cache import CacheEngine, reshape_and_cache
-from .errors import PagedKVValueError
+from .errors import PagedKVValueError, UnknownSequenceError
 from .kernels import check_attention_args, gather_kv, run_paged_attention
 from .kernels.validate import BACKENDS
 from .manager import BlockSpaceManager
 from .model import LlamaForCausalLM, causal_attention
+from .sampling import BeamSearchParams, CompletionOutput, RequestOutput, SamplingParams, sample
 from .scheduler import Scheduler, SchedulerOutputs
 from .validate import check_choice, check_int, is_list_like
 
@@ -38,6 +39,17 @@ class EngineStats:
     peak_gpu_blocks: int = 0  # the most GPU blocks in use after any step's scheduling
     steps: int = 0
     num_computed_tokens: int = 0  # tokens the model ran on (prefill and decode)
+
+
+@dataclass
+class _Sampling:
+    """A request's sampling state: its params, its own generator (None: greedy), its running log-probability."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    stop_token_ids: frozenset
+    prompt_token_ids: list
+    cumulative_logprob: float = 0.0
 
 
 @dataclass
@@ -86,7 +98,7 @@ class PagedKVStore:
 
 
 class LLMEngine:
-    """Serve many requests at once through one paged KV cache; greedy decoding."""
+    """Serve many requests at once through one paged KV cache; greedy decoding or seeded sampling."""
 
     def __init__(self, model: LlamaForCausalLM, *, num_gpu_blocks: int, block_size: int = 16,
                  num_cpu_blocks: int = 0, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
@@ -109,31 +121,72 @@ class LLMEngine:
                                    num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
         self.stats = EngineStats()
         self._num_generated = 0
+        self._sampling: dict = {}  # request_id -> _Sampling, until pop_finished() hands the output over
 
     # ------------------------------------------------------------ requests
-    def add_request(self, request_id, prompt_token_ids, max_tokens: int, *, ignore_eos: bool = False) -> None:
-        """Queue a greedy request; it ends after ``max_tokens`` tokens or the model's EOS (unless ``ignore_eos``)."""
-        self.scheduler.add_request(request_id, self.model.check_prompt("prompt_token_ids", prompt_token_ids),
-                                   max_tokens, self.model.stop_token_ids(ignore_eos))
+    def add_request(self, request_id, prompt_token_ids, params=None, *, max_tokens: int | None = None,
+                    ignore_eos: bool = False) -> None:
+        """Queue a request. ``params``: an int (greedy, at most that many tokens; EOS ends it unless
+        ``ignore_eos``; ``max_tokens=`` says the same) or a :class:`SamplingParams` with ``n=1`` (seeded
+        sampling: the same tokens as ``generate_dense`` whatever the batch, pool or preemption). It ends after
+        ``max_tokens`` tokens, the model's EOS or a stop token."""
+        params = self._sampling_params(params, max_tokens, ignore_eos)
+        stop = self.model.stop_token_ids(params.ignore_eos) | frozenset(params.stop_token_ids)
+        prompt = self.model.check_prompt("prompt_token_ids", prompt_token_ids)
+        self.scheduler.add_request(request_id, prompt, params.max_tokens, stop)
+        generator = None if params.greedy else params.generators()[0]
+        self._sampling[request_id] = _Sampling(params, generator, stop, prompt)
+
+    def _sampling_params(self, params, max_tokens, ignore_eos: bool) -> SamplingParams:
+        """``params`` checked (stop ids inside the vocabulary); an int becomes greedy ``SamplingParams``."""
+        if (params is None) == (max_tokens is None):
+            raise PagedKVValueError("pass params (an int max_tokens or a SamplingParams) or max_tokens=, not both "
+                                    f"or neither (got params={params!r}, max_tokens={max_tokens!r}).")
+        params = max_tokens if params is None else params
+        if isinstance(params, BeamSearchParams) or (isinstance(params, SamplingParams) and params.n > 1):
+            raise PagedKVValueError(f"{params!r} asks for several sequences per request (a sequence group), which "
+                                    "this engine does not serve yet; generate_dense and beam_search_dense give "
+                                    "the same outputs with a contiguous cache, or add n requests with seeds.")
+        if not isinstance(params, SamplingParams):
+            params = SamplingParams(temperature=0, max_tokens=check_int("max_tokens", params, minimum=1),
+                                    ignore_eos=ignore_eos)
+        self.model.check_token_ids("stop_token_ids", params.stop_token_ids)
+        return params
+
+    def pop_finished(self, request_id) -> RequestOutput:
+        """A finished request's :class:`RequestOutput` (its tokens, log-probability and why it stopped), once."""
+        if request_id not in self.scheduler.finished:
+            raise UnknownSequenceError(f"request {request_id!r} has not finished (or was popped already); step() "
+                                       "until it leaves scheduler.requests.")
+        tokens, state = self.scheduler.finished.pop(request_id), self._sampling.pop(request_id)
+        reason = "stop" if tokens and tokens[-1] in state.stop_token_ids else "length"
+        completion = CompletionOutput(0, tokens, state.cumulative_logprob, reason)
+        return RequestOutput(request_id, state.prompt_token_ids, [completion])
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def generate(self, prompts: list[list[int]], max_tokens: int, *, ignore_eos: bool = False) -> list[list[int]]:
-        """Greedy continuations of every prompt, in order; equal to ``generate_dense`` for each prompt alone."""
+    def generate(self, prompts: list[list[int]], params=None, *, max_tokens: int | None = None,
+                 ignore_eos: bool = False):
+        """Every prompt's continuation, in order, equal to ``generate_dense`` for each prompt alone.
+
+        ``params`` an int: greedy, returns ``list[list[int]]``; a ``SamplingParams``: ``list[RequestOutput]``.
+        """
         if not (is_list_like(prompts) or is_list_like(prompts, ndim=2)):
             raise PagedKVValueError("prompts must be a list of token-id lists, e.g. [tokenizer.encode('The ')].")
         prompts = [self.model.check_prompt(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
-        check_int("max_tokens", max_tokens, minimum=1)  # everything checked before any request is added
-        stop = self.model.stop_token_ids(ignore_eos)
+        sampling = self._sampling_params(params, max_tokens, ignore_eos)  # all checked before anything is added
         request_ids = []
         for prompt in prompts:
             request_ids.append(("generate", self._num_generated))
             self._num_generated += 1
-            self.scheduler.add_request(request_ids[-1], prompt, max_tokens, stop)
+            self.add_request(request_ids[-1], prompt, sampling)
         while any(r in self.scheduler.requests for r in request_ids):
             self.step()
-        return [self.scheduler.finished.pop(r) for r in request_ids]
+        outputs = [self.pop_finished(r) for r in request_ids]
+        if isinstance(params, SamplingParams):
+            return outputs
+        return [o.outputs[0].token_ids for o in outputs]
 
     # ------------------------------------------------------------ one step
     def step(self) -> SchedulerOutputs:
@@ -184,8 +237,19 @@ class LLMEngine:
                              _pad(tables), torch.tensor(seq_lens, dtype=torch.int32), self.backend)
         logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store, last_rows)
         self.stats.num_computed_tokens += len(input_ids)
-        sampled = logits.argmax(dim=-1).tolist()  # greedy
-        return dict(zip(out.scheduled, sampled))
+        return self._sample(out.scheduled, logits)
+
+    def _sample(self, request_ids: list, logits: torch.Tensor) -> dict:
+        """One token per row: each request with its own params and generator (vLLM: the ``Sampler``)."""
+        states = [self._sampling[r] for r in request_ids]
+        if all(s.generator is None for s in states):  # all greedy: one argmax for the batch
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            tokens = [sample(row, s.params, s.generator) for row, s in zip(logits, states)]
+        chosen = torch.log_softmax(logits.float(), dim=-1)[torch.arange(len(tokens)), tokens].tolist()
+        for state, lp in zip(states, chosen):
+            state.cumulative_logprob += lp
+        return dict(zip(request_ids, tokens))
 
     def _count(self, out: SchedulerOutputs) -> None:
         """Statistics of a step just scheduled: blocks in use now, prefix hits of its prefills."""
