@@ -27,7 +27,8 @@ from .kernels import check_attention_args, gather_kv, run_paged_attention
 from .kernels.validate import BACKENDS
 from .manager import BlockSpaceManager
 from .model import LlamaForCausalLM, causal_attention
-from .sampling import BeamSearchParams, CompletionOutput, RequestOutput, SamplingParams, sample
+from .output_processor import Beams, Samples
+from .sampling import BeamSearchParams, RequestOutput, SamplingParams
 from .scheduler import Scheduler, SchedulerOutputs
 from .validate import check_choice, check_int, is_list_like
 
@@ -39,17 +40,7 @@ class EngineStats:
     peak_gpu_blocks: int = 0  # the most GPU blocks in use after any step's scheduling
     steps: int = 0
     num_computed_tokens: int = 0  # tokens the model ran on (prefill and decode)
-
-
-@dataclass
-class _Sampling:
-    """A request's sampling state: its params, its own generator (None: greedy), its running log-probability."""
-
-    params: SamplingParams
-    generator: torch.Generator | None
-    stop_token_ids: frozenset
-    prompt_token_ids: list
-    cumulative_logprob: float = 0.0
+    num_cow_copies: int = 0  # copy-on-write block copies (a sequence group's first appends into shared blocks)
 
 
 @dataclass
@@ -121,32 +112,34 @@ class LLMEngine:
                                    num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
         self.stats = EngineStats()
         self._num_generated = 0
-        self._sampling: dict = {}  # request_id -> _Sampling, until pop_finished() hands the output over
+        self._processors: dict = {}  # request_id -> Samples | Beams, until pop_finished() hands the output over
 
     # ------------------------------------------------------------ requests
     def add_request(self, request_id, prompt_token_ids, params=None, *, max_tokens: int | None = None,
                     ignore_eos: bool = False) -> None:
         """Queue a request. ``params``: an int (greedy, at most that many tokens; EOS ends it unless
-        ``ignore_eos``; ``max_tokens=`` says the same) or a :class:`SamplingParams` with ``n=1`` (seeded
-        sampling: the same tokens as ``generate_dense`` whatever the batch, pool or preemption). It ends after
-        ``max_tokens`` tokens, the model's EOS or a stop token."""
+        ``ignore_eos``; ``max_tokens=`` says the same), a :class:`SamplingParams` (``n`` seeded samples: the same
+        tokens as ``generate_dense`` whatever the batch, pool or preemption) or a :class:`BeamSearchParams`
+        (equal to ``beam_search_dense``). ``n > 1`` and beam search run as a sequence group sharing blocks."""
         params = self._sampling_params(params, max_tokens, ignore_eos)
-        stop = self.model.stop_token_ids(params.ignore_eos) | frozenset(params.stop_token_ids)
         prompt = self.model.check_prompt("prompt_token_ids", prompt_token_ids)
-        self.scheduler.add_request(request_id, prompt, params.max_tokens, stop)
-        generator = None if params.greedy else params.generators()[0]
-        self._sampling[request_id] = _Sampling(params, generator, stop, prompt)
+        if isinstance(params, BeamSearchParams):  # EOS ends a beam in the processor, not in the scheduler
+            self.scheduler.add_request(request_id, prompt, params.max_tokens, num_seqs=params.beam_width)
+            self._processors[request_id] = Beams(request_id, prompt, params, self.model.config.eos_token_id)
+            return
+        stop = self.model.stop_token_ids(params.ignore_eos) | frozenset(params.stop_token_ids)
+        self.scheduler.add_request(request_id, prompt, params.max_tokens, stop, num_seqs=params.n)
+        self._processors[request_id] = Samples(request_id, prompt, params, stop)
 
-    def _sampling_params(self, params, max_tokens, ignore_eos: bool) -> SamplingParams:
+    def _sampling_params(self, params, max_tokens, ignore_eos: bool):
         """``params`` checked (stop ids inside the vocabulary); an int becomes greedy ``SamplingParams``."""
         if (params is None) == (max_tokens is None):
-            raise PagedKVValueError("pass params (an int max_tokens or a SamplingParams) or max_tokens=, not both "
-                                    f"or neither (got params={params!r}, max_tokens={max_tokens!r}).")
+            raise PagedKVValueError("pass params (an int max_tokens, SamplingParams or BeamSearchParams) or "
+                                    f"max_tokens=, not both or neither (got params={params!r}, "
+                                    f"max_tokens={max_tokens!r}).")
         params = max_tokens if params is None else params
-        if isinstance(params, BeamSearchParams) or (isinstance(params, SamplingParams) and params.n > 1):
-            raise PagedKVValueError(f"{params!r} asks for several sequences per request (a sequence group), which "
-                                    "this engine does not serve yet; generate_dense and beam_search_dense give "
-                                    "the same outputs with a contiguous cache, or add n requests with seeds.")
+        if isinstance(params, BeamSearchParams):
+            return params
         if not isinstance(params, SamplingParams):
             params = SamplingParams(temperature=0, max_tokens=check_int("max_tokens", params, minimum=1),
                                     ignore_eos=ignore_eos)
@@ -158,10 +151,7 @@ class LLMEngine:
         if request_id not in self.scheduler.finished:
             raise UnknownSequenceError(f"request {request_id!r} has not finished (or was popped already); step() "
                                        "until it leaves scheduler.requests.")
-        tokens, state = self.scheduler.finished.pop(request_id), self._sampling.pop(request_id)
-        reason = "stop" if tokens and tokens[-1] in state.stop_token_ids else "length"
-        completion = CompletionOutput(0, tokens, state.cumulative_logprob, reason)
-        return RequestOutput(request_id, state.prompt_token_ids, [completion])
+        return self._processors.pop(request_id).output(self.scheduler.finished.pop(request_id))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -170,7 +160,8 @@ class LLMEngine:
                  ignore_eos: bool = False):
         """Every prompt's continuation, in order, equal to ``generate_dense`` for each prompt alone.
 
-        ``params`` an int: greedy, returns ``list[list[int]]``; a ``SamplingParams``: ``list[RequestOutput]``.
+        ``params`` an int: greedy, returns ``list[list[int]]``; ``SamplingParams`` or ``BeamSearchParams``:
+        ``list[RequestOutput]`` (equal to ``generate_dense`` / ``beam_search_dense``).
         """
         if not (is_list_like(prompts) or is_list_like(prompts, ndim=2)):
             raise PagedKVValueError("prompts must be a list of token-id lists, e.g. [tokenizer.encode('The ')].")
@@ -184,7 +175,7 @@ class LLMEngine:
         while any(r in self.scheduler.requests for r in request_ids):
             self.step()
         outputs = [self.pop_finished(r) for r in request_ids]
-        if isinstance(params, SamplingParams):
+        if isinstance(params, (SamplingParams, BeamSearchParams)):
             return outputs
         return [o.outputs[0].token_ids for o in outputs]
 
@@ -213,10 +204,10 @@ class LLMEngine:
         def slot(table, pos):
             return table[pos // block_size] * block_size + pos % block_size
 
-        for request_id, tokens in out.prefills:
-            num_cached = manager.num_cached_tokens(request_id)
+        for seq_id, tokens in out.prefills:
+            num_cached = max(manager.num_cached_tokens(seq_id), out.shared_prefix.get(seq_id, 0))
             start = min(num_cached, len(tokens) - 1)  # a fully cached prompt still runs its last token
-            table = manager.get_block_table(request_id)
+            table = manager.get_block_table(seq_id)
             rows = slice(len(input_ids), len(input_ids) + len(tokens) - start)
             input_ids += tokens[start:]
             positions += range(start, len(tokens))
@@ -225,9 +216,9 @@ class LLMEngine:
             last_rows.append(rows.stop - 1)
         decode_start = len(input_ids)
         tables, seq_lens = [], []
-        for request_id in out.decodes:
-            table, num_tokens = manager.get_block_table(request_id), manager.get_num_tokens(request_id)
-            input_ids.append(self.scheduler.requests[request_id].output_token_ids[-1])
+        for seq_id in out.decodes:
+            table, num_tokens = manager.get_block_table(seq_id), manager.get_num_tokens(seq_id)
+            input_ids.append(self.scheduler.get_seq(seq_id).output_token_ids[-1])
             positions.append(num_tokens - 1)
             slots.append(slot(table, num_tokens - 1))
             tables.append(table)
@@ -239,24 +230,26 @@ class LLMEngine:
         self.stats.num_computed_tokens += len(input_ids)
         return self._sample(out.scheduled, logits)
 
-    def _sample(self, request_ids: list, logits: torch.Tensor) -> dict:
-        """One token per row: each request with its own params and generator (vLLM: the ``Sampler``)."""
-        states = [self._sampling[r] for r in request_ids]
-        if all(s.generator is None for s in states):  # all greedy: one argmax for the batch
-            tokens = logits.argmax(dim=-1).tolist()
-        else:
-            tokens = [sample(row, s.params, s.generator) for row, s in zip(logits, states)]
-        chosen = torch.log_softmax(logits.float(), dim=-1)[torch.arange(len(tokens)), tokens].tolist()
-        for state, lp in zip(states, chosen):
-            state.cumulative_logprob += lp
-        return dict(zip(request_ids, tokens))
+    def _sample(self, seq_ids: list, logits: torch.Tensor) -> dict:
+        """Every live sequence's next token: each request's processor samples, forks and prunes its own."""
+        argmax = logits.argmax(dim=-1).tolist()  # every greedy row at once
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        rows_by_request: dict = {}
+        for row, seq_id in enumerate(seq_ids):
+            rows_by_request.setdefault(self.scheduler.get_seq(seq_id).request_id, {})[seq_id] = row
+        next_tokens = {}
+        for request_id, rows in rows_by_request.items():
+            next_tokens.update(self._processors[request_id].process(self.scheduler, rows, logits, logprobs, argmax))
+        return next_tokens
 
     def _count(self, out: SchedulerOutputs) -> None:
         """Statistics of a step just scheduled: blocks in use now, prefix hits of its prefills."""
         manager = self.block_manager
         self.stats.steps += 1
         self.stats.num_preemptions = self.scheduler.num_preemptions
-        self.stats.num_prefix_cached_tokens += sum(manager.num_cached_tokens(r) for r, _ in out.prefills)
+        self.stats.num_prefix_cached_tokens += sum(manager.num_cached_tokens(s) for s, _ in out.prefills
+                                                   if s not in out.shared_prefix)  # a fork's hits are its parent's
+        self.stats.num_cow_copies += len(out.blocks_to_copy)
         in_use = manager.num_total_gpu_blocks - manager.num_free_gpu_blocks
         self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, in_use)
 

@@ -198,8 +198,12 @@ class BlockSpaceManager:
         return list(table)
 
     def can_append_slots(self, seq_id, num_tokens: int = 1) -> bool:
+        return self.num_blocks_to_append(seq_id, num_tokens) <= self.allocators["gpu"].num_free_blocks
+
+    def num_blocks_to_append(self, seq_id, num_tokens: int = 1) -> int:
+        """GPU blocks that appending ``num_tokens`` takes now: fresh ones, plus a copy of a shared last block."""
         fresh, copy = self._blocks_for_append(self._get(seq_id), check_int("num_tokens", num_tokens, minimum=0))
-        return fresh + copy <= self.allocators["gpu"].num_free_blocks
+        return fresh + copy
 
     def append_slots(self, seq_id, token_ids) -> list[tuple[int, int]]:
         """Make room for new tokens; returns the copy-on-write copies ``(src, dst)`` to perform.
@@ -265,35 +269,64 @@ class BlockSpaceManager:
 
     # ------------------------------------------------------------------- swap
     def can_swap_out(self, seq_id) -> bool:
-        seq = self._get(seq_id)
-        return seq.device == "gpu" and len(seq.block_table) <= self.num_free_cpu_blocks
+        return self.can_swap_out_group([seq_id])
 
     def swap_out(self, seq_id) -> list[tuple[int, int]]:
         """Move the sequence to CPU blocks; returns ``(gpu_block, cpu_block)`` copies to perform."""
-        return self._swap(seq_id, "gpu", "cpu")
+        return self.swap_out_group([seq_id])
 
     def can_swap_in(self, seq_id) -> bool:
-        seq = self._get(seq_id)
-        free_after = self.num_free_gpu_blocks - len(seq.block_table)
-        return seq.device == "cpu" and free_after >= self.watermark_blocks
+        return self.can_swap_in_group([seq_id])
 
     def swap_in(self, seq_id) -> list[tuple[int, int]]:
         """Move the sequence back to GPU blocks; returns ``(cpu_block, gpu_block)`` copies."""
-        return self._swap(seq_id, "cpu", "gpu")
+        return self.swap_in_group([seq_id])
 
-    def _swap(self, seq_id, src: str, dst: str) -> list[tuple[int, int]]:
-        seq = self._get(seq_id)
-        self._require_device(seq_id, seq, src, f"swap it {'out' if src == 'gpu' else 'in'}")
-        self._require_free(dst, len(seq.block_table), f"swap sequence {seq_id!r} to the {dst.upper()}")
-        new_table = [self._allocate_gpu_block() if dst == "gpu" else self.allocators["cpu"].allocate()
-                     for _ in seq.block_table]
-        mapping = list(zip(seq.block_table, new_table))
-        for block_id in reversed(seq.block_table):
-            self.allocators[src].free(block_id)
-        seq.block_table, seq.device = new_table, dst
-        if dst == "gpu" and self.prefix_cache:
-            self._register_full_blocks(seq, start=0)
-        return mapping
+    # A sequence group (the samples or beams of one request) swaps as one, as vLLM v0's block manager does:
+    # a block its sequences share moves once and keeps its ref count on the other side.
+    def num_group_blocks(self, seq_ids) -> int:
+        """Distinct blocks the sequences hold (a block they share counts once)."""
+        return len({b for seq_id in seq_ids for b in self._get(seq_id).block_table})
+
+    def can_swap_out_group(self, seq_ids) -> bool:
+        on_gpu = all(self._get(s).device == "gpu" for s in seq_ids)
+        return on_gpu and self.num_group_blocks(seq_ids) <= self.num_free_cpu_blocks
+
+    def can_swap_in_group(self, seq_ids) -> bool:
+        on_cpu = all(self._get(s).device == "cpu" for s in seq_ids)
+        return on_cpu and self.num_free_gpu_blocks - self.num_group_blocks(seq_ids) >= self.watermark_blocks
+
+    def swap_out_group(self, seq_ids) -> list[tuple[int, int]]:
+        """Move the sequences to CPU blocks together; ``(gpu_block, cpu_block)`` copies, one per distinct block."""
+        return self._swap(list(seq_ids), "gpu", "cpu")
+
+    def swap_in_group(self, seq_ids) -> list[tuple[int, int]]:
+        """Move the sequences back to GPU blocks together; ``(cpu_block, gpu_block)`` copies."""
+        return self._swap(list(seq_ids), "cpu", "gpu")
+
+    def _swap(self, seq_ids: list, src: str, dst: str) -> list[tuple[int, int]]:
+        seqs = [self._get(seq_id) for seq_id in seq_ids]
+        for seq_id, seq in zip(seq_ids, seqs):
+            self._require_device(seq_id, seq, src, f"swap it {'out' if src == 'gpu' else 'in'}")
+        what = f"sequence {seq_ids[0]!r}" if len(seq_ids) == 1 else f"sequences {seq_ids}"
+        self._require_free(dst, self.num_group_blocks(seq_ids), f"swap {what} to the {dst.upper()}")
+        mapping: dict = {}  # src block -> dst block, shared by every sequence that holds it
+        for seq in seqs:
+            new_table = []
+            for block_id in seq.block_table:
+                if block_id in mapping:
+                    self.allocators[dst].incref(mapping[block_id])
+                elif dst == "gpu":
+                    mapping[block_id] = self._allocate_gpu_block()
+                else:
+                    mapping[block_id] = self.allocators["cpu"].allocate()
+                new_table.append(mapping[block_id])
+            for block_id in reversed(seq.block_table):
+                self.allocators[src].free(block_id)
+            seq.block_table, seq.device = new_table, dst
+            if dst == "gpu" and self.prefix_cache:
+                self._register_full_blocks(seq, start=0)
+        return list(mapping.items())
 
     # --------------------------------------------------------------- snapshot
     def snapshot(self) -> ManagerState:

@@ -82,7 +82,7 @@ def test_a_request_that_can_never_fit_comes_back_empty(tiny):
 
 
 @pytest.mark.parametrize("call", [
-    lambda e, p: e.add_request("x", p, SamplingParams(n=2)),
+    lambda e, p: e.add_request("x", p, SamplingParams(n=300)),  # more sequences than max_num_seqs
     lambda e, p: e.generate([p], SamplingParams(stop_token_ids=[300])),
     lambda e, p: e.add_request("x", p, 4, max_tokens=4),
     lambda e, p: e.add_request("x", p),
@@ -93,7 +93,7 @@ def test_bad_requests_are_refused_and_change_nothing(tiny, prompts, call):
     with pytest.raises(PagedKVError) as error:
         call(engine, prompts[0])
     assert isinstance(error.value, ValueError)
-    assert not engine.has_unfinished_requests() and not engine._sampling
+    assert not engine.has_unfinished_requests() and not engine._processors
 
 
 def test_pop_finished_of_an_unknown_request(tiny):
