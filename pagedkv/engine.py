@@ -17,6 +17,7 @@ table per request, as in vLLM.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,7 @@ class EngineStats:
     steps: int = 0
     num_computed_tokens: int = 0  # tokens the model ran on (prefill and decode)
     num_cow_copies: int = 0  # copy-on-write block copies (a sequence group's first appends into shared blocks)
+    num_ignored: int = 0  # requests that could never fit the pool: finished with the tokens they had
 
 
 @dataclass
@@ -181,13 +183,31 @@ class LLMEngine:
 
     # ------------------------------------------------------------ one step
     def step(self) -> SchedulerOutputs:
-        """Schedule, move blocks, run the model on the batch, sample greedily, update the scheduler."""
+        """Schedule, move blocks, run the model on the batch, sample, update the scheduler."""
         out = self.scheduler.schedule()
         self._count(out)
+        for request_id in out.ignored:
+            self._warn_ignored(request_id)
         self._move_blocks(out)
         next_tokens = self._run_model(out) if not out.is_empty else {}
         self.scheduler.update(out, next_tokens)
         return out
+
+    def _warn_ignored(self, request_id) -> None:
+        """vLLM warns and marks an ignored request too: say why, with the numbers, and what to change."""
+        self.stats.num_ignored += 1
+        processor, manager = self._processors[request_id], self.block_manager
+        finished = self.scheduler.finished[request_id]
+        generated = max((len(t) for t in finished.values()), default=0) if isinstance(finished, dict) \
+            else len(finished)
+        tokens = len(processor.prompt_token_ids) + generated
+        needed = -(-tokens // manager.block_size)
+        warnings.warn(f"request {request_id!r} was ignored: its {tokens} tokens ({len(processor.prompt_token_ids)} "
+                      f"of prompt, {generated} generated) need {needed} blocks of {manager.block_size} per sequence, "
+                      f"more than the pool's {manager.num_total_gpu_blocks} GPU blocks allow (watermark "
+                      f"{manager.watermark_blocks}); it returns the tokens it has. Give the engine more "
+                      "num_gpu_blocks, a larger block_size, or shorter prompts and max_tokens.",
+                      RuntimeWarning, stacklevel=3)
 
     def _move_blocks(self, out: SchedulerOutputs) -> None:
         """The copies the scheduler asked for, before the model writes anything (vLLM: ``cache_engine``)."""

@@ -77,8 +77,10 @@ def test_a_stop_token_finishes_a_request_with_reason_stop(tiny, prompts):
 
 def test_a_request_that_can_never_fit_comes_back_empty(tiny):
     engine = LLMEngine(tiny[0], num_gpu_blocks=2, block_size=4)
-    out = engine.generate([[1] * 20], SamplingParams(seed=0, max_tokens=4))[0].outputs[0]
+    with pytest.warns(RuntimeWarning, match=r"20 tokens \(20 of prompt, 0 generated\) need 5 blocks of 4 .* 2 GPU"):
+        out = engine.generate([[1] * 20], SamplingParams(seed=0, max_tokens=4))[0].outputs[0]
     assert out.token_ids == [] and out.finish_reason == "length"  # vLLM v0 reports an ignored request so
+    assert engine.stats.num_ignored == 1
 
 
 @pytest.mark.parametrize("call", [
