@@ -26,9 +26,9 @@ several (``n`` samples, or beams), named ``(request_id, i)``. The group is admit
 one, and ``max_num_seqs`` counts sequences. Its prompt is prefilled once, for ``(request_id, 0)``; the engine
 then forks the sequences it needs (``fork_seq``: the children share every block) and frees the beams it drops
 (``free_seq``), between ``schedule()`` and ``update()``, as v0's output processor does. A group swaps out with its
-sharing kept (a block shared by k sequences moves once). Recomputing a group (mode ``recompute``, or swap with the
-CPU pool full; vLLM v0 could not do either and aborted) prefills each of its sequences again from its own tokens:
-the group comes back without sharing, except what the prefix cache finds.
+sharing kept (a block shared by k sequences moves once). A group is recomputed (mode ``recompute``, or swap with
+the CPU pool full; vLLM v0 could do neither for a group, and aborted) with its sharing kept too: the prompt is
+allocated once and forked, and each sequence prefills only its tokens after the last full prompt block.
 
 Prefills and decodes share one batch under the token budget, in the order of
 v0's chunked-prefill scheduler (``_schedule_chunked_prefill``) and of v1's;
