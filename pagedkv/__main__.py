@@ -79,6 +79,17 @@ def labs(notebooks: str, out: str) -> int:
     return 0
 
 
+def tcp_port(text: str) -> int:
+    """A TCP port number for argparse: 1-65535, or a message that says so (argparse prints it and exits 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port: use a number from 1 to 65535, e.g. 8866")
+    return port
+
+
 def visualize(port: int, open_browser: bool) -> int:
     """Serve the block-table visualizer as a page with no code cells (Voila), on this machine only."""
     import importlib.util
@@ -105,7 +116,7 @@ def main(argv=None) -> int:
     lab.add_argument("--out", default="labs/", help="output folder (default: labs/)")
     lab.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
     viz = commands.add_parser("visualize", help="serve the block-table visualizer as a web app (Voila) on 127.0.0.1")
-    viz.add_argument("--port", type=int, default=8866, help="port on 127.0.0.1 (default: 8866)")
+    viz.add_argument("--port", type=tcp_port, default=8866, help="port on 127.0.0.1, 1-65535 (default: 8866)")
     viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
     args = parser.parse_args(argv)
     if args.command == "visualize":

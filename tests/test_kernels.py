@@ -379,3 +379,22 @@ def test_simulator_shared_arrays_are_shared_by_every_thread_of_a_block():
             assert np.array_equal(out, expected)
     finally:
         sys.setswitchinterval(previous)
+
+
+def test_a_missing_nvidia_library_is_one_line_naming_the_extra(capsys):
+    """Issue #29: the PTX compile and the static report in a venv without the cuda extra."""
+    from pagedkv.kernels.ptx import missing_toolkit, report_missing_toolkit
+
+    lost = OSError("libnvrtc.so.13: cannot open shared object file: No such file or directory")
+    assert "pip install -e '.[cuda]'" in missing_toolkit(lost)
+    assert missing_toolkit(ModuleNotFoundError("No module named 'cuda.core'")) is not None
+    assert missing_toolkit(ValueError("head_size must be a multiple of 32")) is None
+
+    def compile_without_nvrtc():
+        raise lost
+
+    assert report_missing_toolkit(compile_without_nvrtc) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "libnvrtc.so.13" in err and ".[cuda]" in err
+    with pytest.raises(ValueError):  # anything else is not explained away
+        report_missing_toolkit(lambda: (_ for _ in ()).throw(ValueError("a real bug")))

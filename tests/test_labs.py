@@ -171,3 +171,19 @@ def test_the_labs_command_never_overwrites_solutions_or_a_students_work(tmp_path
     assert "someone has edited" in capsys.readouterr().err and "next_block = 3" in lab.read_text()
     shutil.copy(SOLUTIONS[0], out / SOLUTIONS[0].name)
     assert main(["labs", "--notebooks", str(NOTEBOOKS), "--out", str(out)]) == 2
+
+
+@pytest.mark.parametrize("key", ["1.E3", "01.E9", None])
+def test_an_unknown_exercise_key_lists_the_keys(key):
+    for call in (lambda: check.exercise(key, 1), lambda: check.reveal(key)):
+        with pytest.raises(KeyError, match=r"no exercise .*: 01\.E1, 01\.E2"):
+            call()
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_visualize_refuses_a_port_that_is_not_one(port, capsys):
+    from pagedkv.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["visualize", "--port", port, "--no-browser"])
+    assert exit_.value.code == 2 and "is not a TCP port: use a number from 1 to 65535" in capsys.readouterr().err

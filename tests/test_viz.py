@@ -165,7 +165,7 @@ def test_buttons_wait_for_a_sequence_and_news_is_not_an_error():
     assert v.buttons["append"].tooltip == "add a sequence first" and not v.buttons["add sequence"].disabled
     v.add_sequence(5)
     assert not any(v.buttons[b].disabled for b in ("append", "fork", "free", "swap out", "swap in"))
-    assert v.beam_step(5) and v.beam_step(5) and "blocks in use" in v.message
+    assert v.beam_step(5) and v.beam_step(5) and "beams hold" in v.message
     assert "color:#B00" not in v.message_html.value  # a beam step's news is not shown as an error
     v.free("A")
     assert not v.buttons["append"].disabled  # the beam's sequences are still there
@@ -177,3 +177,16 @@ def test_more_than_ten_sequences_get_distinct_colours():
         m.allocate(f"s{i}", [i, i])
     colors = list(seq_colors(m.snapshot()).values())
     assert len(set(colors)) == 18
+
+
+def test_the_beam_message_counts_the_beams_blocks_on_both_sides():
+    """Issue #29: 'blocks in use' counted the whole pool, 'without sharing' only the beams."""
+    v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4, beam_width=3)
+    v.add_sequence(9)  # another sequence's 3 blocks must not count
+    assert v.beam_step(6) and v.message.startswith("beam search started: a 6-token prompt in 2 blocks")
+    for _ in range(3):
+        assert v.beam_step(6)
+        tables = [v.manager.get_block_table(s) for s in v.beam.tokens]
+        held, alone = len({b for t in tables for b in t}), sum(map(len, tables))
+        assert f"the {len(tables)} beams hold {held} blocks (without sharing: {alone})" in v.message
+        assert held <= alone

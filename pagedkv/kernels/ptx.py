@@ -32,6 +32,30 @@ def signatures(dtype: str, words: bool = False) -> dict:
     }
 
 
+TOOLKIT_WORDS = ("nvrtc", "nvvm", "nvjitlink", "libcudart", "cuda.core", "cuda_core", "nvidia")
+
+
+def missing_toolkit(error: BaseException) -> str | None:
+    """One line that names the extra to install, when ``error`` says NVIDIA's compiler libraries are missing."""
+    text = f"{type(error).__name__}: {error}".strip().splitlines()[0][:200]
+    if not any(word in text.lower() for word in TOOLKIT_WORDS):
+        return None
+    return (f"compiling the kernels needs NVIDIA's compiler libraries, which this environment lacks ({text}). "
+            "Install the cuda extra, pip install -e '.[cuda]' (for the static report, '.[perf]'), no GPU needed.")
+
+
+def report_missing_toolkit(run) -> int:
+    """``run()``'s exit code; a missing NVIDIA library is one line on stderr and exit code 2, not a traceback."""
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 - anything else is re-raised as it was
+        hint = missing_toolkit(error)
+        if hint is None:
+            raise
+        print(f"pagedkv: {hint}", file=sys.stderr)
+        return 2
+
+
 def fp64_lines(ptx: str) -> list[str]:
     """PTX lines doing float64 arithmetic (conversions *to* f64 count too)."""
     return [line.strip() for line in ptx.splitlines() if ".f64" in line and not line.strip().startswith("//")]
@@ -74,6 +98,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 8.0 or 9.0")
     args = parser.parse_args(argv)
     cc = tuple(int(x) for x in args.cc.split("."))
+    return report_missing_toolkit(lambda: print_report(cc))
+
+
+def print_report(cc: tuple[int, int]) -> int:
     failures = 0
     for (flavour, dtype, name), ptx in compile_all(cc).items():
         fp64 = fp64_lines(ptx)

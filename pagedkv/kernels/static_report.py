@@ -219,6 +219,12 @@ def main(argv=None) -> int:
     parser.add_argument("--flavour", nargs="+", default=["tree", "shuffle", "vllm"])
     parser.add_argument("--kernel", nargs="+", default=["v1", "v2", "reduce"])
     args = parser.parse_args(argv)
+    from .ptx import report_missing_toolkit
+
+    return report_missing_toolkit(lambda: print_report(args))
+
+
+def print_report(args) -> int:
     print(HEADER)
     for cc in (tuple(int(x) for x in text.split(".")) for text in args.cc):
         if cc not in SM_LIMITS:

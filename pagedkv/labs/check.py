@@ -28,6 +28,7 @@ import os
 from enum import Enum
 from numbers import Number
 
+from ..errors import PagedKVKeyError
 from .exercises import EXERCISES
 
 PASS, FAIL = "[ok]", "[not yet]"
@@ -135,9 +136,18 @@ def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", k
     return True
 
 
+def _exercise(key: str):
+    """The exercise named ``key``, or a message that lists the keys there are."""
+    try:
+        return EXERCISES[key]
+    except (KeyError, TypeError):
+        raise PagedKVKeyError(f"there is no exercise {key!r}; the keys look like '02.E1' (notebook, dot, "
+                              f"exercise): {', '.join(sorted(EXERCISES))}.") from None
+
+
 def exercise(key: str, *answers) -> bool:
     """Check the answer(s) to exercise ``key`` (e.g. ``"02.E1"``); several answers are checked as one tuple."""
-    ex = EXERCISES[key]
+    ex = _exercise(key)
     title = f"{key} {ex.title}"
     if ex.cases:
         return function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key)
@@ -147,7 +157,7 @@ def exercise(key: str, *answers) -> bool:
 
 def reveal(key: str) -> None:
     """Print the answer to exercise ``key``: try first, then ask."""
-    ex = EXERCISES[key]
+    ex = _exercise(key)
     if ex.cases:
         print(f"{key} {ex.title}, one way to write it:\n{inspect.getsource(ex.solution)}")
     else:

@@ -151,14 +151,23 @@ class BlockTableVisualizer:
                 length = check_int("prompt length", prompt_len, minimum=1)
                 self.beam = BeamSearch(self.ops.cache or self.manager, self._prompt(length, False),
                                        self.beam_width, id_prefix="beam")
+                held, _ = self._beam_blocks()
+                self.message = (f"beam search started: a {length}-token prompt in {held} blocks; each click "
+                                f"extends the best {self.beam_width} beams by one token")
                 return [b for s in self.beam.tokens for b in self.manager.get_block_table(s)]
             stats = self.beam.step()
-            self.message = (f"beam step {stats.step}: {stats.blocks_in_use} blocks in use (without sharing: "
-                            f"{stats.blocks_without_sharing}), {stats.cow_copies} copies, "
+            held, alone = self._beam_blocks()
+            self.message = (f"beam step {stats.step}: the {len(self.beam.tokens)} beams hold {held} blocks "
+                            f"(without sharing: {alone}), {stats.cow_copies} copies, "
                             f"{stats.blocks_freed} freed by pruning")
             return [self.manager.get_block_table(s)[-1] for s in self.beam.tokens]
 
         return self._act("beam search step", action)
+
+    def _beam_blocks(self) -> tuple[int, int]:
+        """The beams' blocks: distinct ones (shared blocks once), and what each beam alone would hold."""
+        tables = [self.manager.get_block_table(s) for s in self.beam.tokens]
+        return len({b for table in tables for b in table}), sum(len(table) for table in tables)
 
     def reset(self, **settings) -> bool:
         """Start again with an empty cache; keyword arguments change the settings (block_size, ...).
