@@ -20,9 +20,7 @@ from pagedkv import (  # noqa: E402
     BlockAllocator,
     BlockSpaceManager,
     CacheEngine,
-    LlamaConfig,
     LlamaForCausalLM,
-    LLMEngine,
     ModelSpec,
     PagedKVCache,
     PagedKVError,
@@ -37,30 +35,15 @@ from pagedkv.decoding import sharing_savings  # noqa: E402
 from pagedkv.sim import memory_breakdown  # noqa: E402
 from pagedkv.viz import BlockTableVisualizer, SchedulerVisualizer, draw_block_map  # noqa: E402
 
-from test_bad_input import cache, equal, manager, scheduler, state  # noqa: E402
+from test_bad_input import TINY, attention_inputs, cache, engine, equal, manager, scheduler, state  # noqa: E402
 
 JUNK = {"None": None, "str": "x", "float": 1.5, "nan": math.nan, "negative": -1, "bool": True,
         "0-d array": np.array(3), "list of None": [None], "list of str": ["gpu"], "dict": {}, "object": object(),
         "float tensor": torch.tensor(1.5), "ndarray": np.ones((2, 2))}
 
-TINY = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                   num_key_value_heads=1, max_position_embeddings=64)
-
 
 def kv(n):
     return torch.ones(n, 1, 2), torch.ones(n, 1, 2)
-
-
-def engine():
-    torch.manual_seed(0)
-    return LLMEngine(LlamaForCausalLM(TINY), num_gpu_blocks=8, block_size=4, max_num_seqs=4,
-                     max_num_batched_tokens=64)
-
-
-def attention():
-    return dict(query=torch.randn(2, 2, 4), key_cache=torch.randn(4, 2, 1, 4), value_cache=torch.randn(4, 2, 1, 4),
-                block_tables=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
-                seq_lens=torch.tensor([3, 4], dtype=torch.int32))
 
 
 # (name, make the target or None, function of (target, **kwargs), good keyword arguments)
@@ -109,7 +92,7 @@ CALLS = [
     ("PagedKVCache.gather", cache, lambda t, **a: t.gather(**a), dict(seq_id="a")),
     ("PagedKVCache.attention", cache, lambda t, **a: t.attention(**a),
      dict(query=torch.ones(1, 1, 2), seq_ids=["a"], backend="torch")),
-    ("paged_attention", attention, lambda t, **a: paged_attention(**{**t, **a}),
+    ("paged_attention", attention_inputs, lambda t, **a: paged_attention(**{**t, **a}),
      dict(scale=0.5, backend="torch", partition_size=None)),
     ("sharing_savings", None, lambda _, **a: sharing_savings(**a),
      dict(mode="beam", width=2, prompt_len=8, output_len=4, block_size=4, seed=0)),
