@@ -34,10 +34,6 @@ class Samples:
         self.index = {first: 0}  # seq_id -> sample index
         self.cumulative_logprob = {first: 0.0}
 
-    @property
-    def greedy(self) -> bool:
-        return self.params.greedy
-
     def process(self, scheduler, rows: dict, logits: torch.Tensor, logprobs: torch.Tensor, argmax: list) -> dict:
         tokens = {}
         for seq_id, row in rows.items():
@@ -75,8 +71,6 @@ class Samples:
 
 class Beams:
     """Beam search over a sequence group: fork the kept candidates, free the dropped beams, every step."""
-
-    greedy = False
 
     def __init__(self, request_id, prompt_token_ids: list, params: BeamSearchParams, eos_token_id):
         self.request_id, self.prompt_token_ids, self.params = request_id, prompt_token_ids, params
