@@ -90,8 +90,10 @@ class BlockAllocator:
     ``allocate()`` gives the block at the head of the free queue with ref count 1;
     ``incref()`` adds a user (pulling the block out of the free queue if it was
     there); ``free()`` removes a user and queues the block at the tail once
-    nobody uses it.  vLLM v0's ``vllm/core/block_manager_v1.py`` and v1's
-    ``vllm/v1/core/block_pool.py`` do the same with more bookkeeping.
+    nobody uses it: first freed, first reused, as vLLM v1's ``vllm/v1/core/block_pool.py`` does.  vLLM v0's
+    allocators without prefix caching did the opposite, last freed first reused (``UncachedBlockAllocator`` in
+    ``vllm/core/block_manager_v1.py`` pops and pushes at the end of a list; ``NaiveBlockAllocator`` uses
+    ``popleft``/``appendleft``); with caching on, v0 kept freed named blocks in an LRU evictor instead.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
