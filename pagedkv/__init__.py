@@ -1,8 +1,8 @@
 """pagedkv: how vLLM manages the KV cache in pages, as a small readable package.
 
 Layers, lowest first (a module only imports the ones above it in this list):
-sizing -> blocks -> prefix -> manager -> cache -> kernels -> paged_cache -> decoding -> scheduler -> sim
--> sampling -> gguf_file, tokenizer (read by model) -> model -> output_processor -> engine -> viz.
+sizing -> blocks -> prefix -> manager -> cache -> kernels -> paged_cache -> scheduler -> sim
+-> sampling -> gguf_file, tokenizer (read by model) -> model -> output_processor -> engine -> decoding -> viz.
 """
 
 from .blocks import BlockAllocator, FreeBlockQueue
@@ -31,6 +31,7 @@ from .sampling import BeamSearchParams, CompletionOutput, RequestOutput, Samplin
 from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from .sizing import MODELS, ModelSpec, cache_block_bytes, num_cpu_blocks, num_gpu_blocks
 from .state import BlockState, ManagerState
+from .v1 import beam_search
 
 __version__ = "0.1.0"
 
@@ -40,7 +41,7 @@ __all__ = [
     "EmptyPromptError", "EngineStats", "FreeBlockQueue", "LLMEngine", "LlamaConfig", "LlamaForCausalLM", "MODELS",
     "ManagerState", "ModelFileError", "ModelSpec", "NoFreeBlocksError", "PagedKVCache", "PagedKVError",
     "PagedKVKeyError", "PagedKVValueError", "PreemptionMode", "RequestOutput", "SamplingParams", "Scheduler",
-    "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "beam_search_dense",
+    "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "beam_search", "beam_search_dense",
     "cache_block_bytes", "generate_dense", "hash_block_tokens", "load_smollm2", "load_tiny", "num_cpu_blocks",
     "num_gpu_blocks", "paged_attention", "reference_paged_attention",
 ]

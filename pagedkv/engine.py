@@ -17,21 +17,25 @@ table per request, as in vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .cache import CacheEngine, reshape_and_cache
-from .errors import PagedKVValueError, UnknownSequenceError
+from .errors import DuplicateSequenceError, PagedKVValueError, UnknownSequenceError
 from .kernels import check_attention_args, gather_kv, run_paged_attention
 from .kernels.validate import BACKENDS
 from .manager import BlockSpaceManager
 from .model import LlamaForCausalLM, causal_attention
 from .output_processor import Beams, Samples
 from .sampling import BeamSearchParams, RequestOutput, SamplingParams
-from .scheduler import Scheduler, SchedulerOutputs
-from .validate import check_choice, check_int, is_list_like
+from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
+from .v1 import KVCacheManager, beam_search
+from .v1 import Scheduler as V1Scheduler
+from .v1 import SchedulerOutput as V1SchedulerOutput
+from .validate import check_choice, check_hashable, check_int, is_list_like
 
 
 @dataclass
@@ -43,6 +47,17 @@ class EngineStats:
     num_computed_tokens: int = 0  # tokens the model ran on (prefill and decode)
     num_cow_copies: int = 0  # copy-on-write block copies (a sequence group's first appends into shared blocks)
     num_ignored: int = 0  # requests that could never fit the pool: finished with the tokens they had
+
+
+@dataclass
+class _Chunk:
+    """One request's (or sequence's) tokens in this step's batch, whichever scheduler chose them."""
+
+    key: object  # the sequence id (v0) or request id (v1)
+    block_table: list
+    token_ids: list  # the tokens the model runs on
+    start: int  # the position of the first of them
+    write_from: int  # positions before this are already in the cache (a prefix hit): not written again
 
 
 @dataclass
@@ -95,26 +110,57 @@ class LLMEngine:
 
     def __init__(self, model: LlamaForCausalLM, *, num_gpu_blocks: int, block_size: int = 16,
                  num_cpu_blocks: int = 0, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 preemption_mode="recompute", enable_prefix_caching: bool = False, watermark: float = 0.01,
-                 backend: str = "auto"):
+                 preemption_mode=None, enable_prefix_caching: bool | None = None, watermark: float | None = None,
+                 backend: str = "auto", block_manager: BlockSpaceManager | None = None, version: str = "v0",
+                 long_prefill_token_threshold: int = 0):
+        """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
+        sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
+        budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out).
+        ``block_manager`` (v0): run on an existing manager of the same sizes (the visualizer draws the engine's
+        sequences beside hand-made ones); by default the engine makes its own."""
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
         check_choice("backend", backend, BACKENDS)
+        self.version = check_choice("version", version, ("v0", "v1"))
         config = model.config
         self.model = model.eval()
         self.backend = backend
-        self.block_manager = BlockSpaceManager(check_int("block_size", block_size, minimum=1),
-                                               check_int("num_gpu_blocks", num_gpu_blocks, minimum=1),
-                                               check_int("num_cpu_blocks", num_cpu_blocks, minimum=0),
-                                               watermark, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, preemption_mode)
+        check_int("block_size", block_size, minimum=1)
+        check_int("num_gpu_blocks", num_gpu_blocks, minimum=1)
+        check_int("num_cpu_blocks", num_cpu_blocks, minimum=0)
+        if version == "v1":
+            _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager)
+            self.block_manager = None
+            self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks,
+                                                   True if enable_prefix_caching is None else enable_prefix_caching)
+            self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
+                                         long_prefill_token_threshold)
+        else:
+            if long_prefill_token_threshold:
+                raise PagedKVValueError("long_prefill_token_threshold chunks prompts, which only the v1 scheduler "
+                                        "does: pass version='v1'.")
+            if block_manager is None:
+                block_manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
+                                                  0.01 if watermark is None else watermark,
+                                                  bool(enable_prefix_caching))
+            self.block_manager = _check_same_sizes(block_manager, block_size, num_gpu_blocks, num_cpu_blocks)
+            self.kv_cache_manager = None
+            self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
+                                       preemption_mode or "recompute")
         dtype = next(model.parameters()).dtype
         self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
                                    num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
+        self.block_size = block_size
         self.stats = EngineStats()
         self._num_generated = 0
         self._processors: dict = {}  # request_id -> Samples | Beams, until pop_finished() hands the output over
+        self._parents: dict = {}  # v1: a request of n > 1 -> its n child request ids (vLLM's ParentRequest)
+
+    def snapshot(self):
+        """The block manager's snapshot (v0) or the KV cache manager's (v1): every drawing reads it."""
+        manager = self.block_manager if self.block_manager is not None else self.kv_cache_manager
+        return manager.snapshot()
 
     # ------------------------------------------------------------ requests
     def add_request(self, request_id, prompt_token_ids, params=None, *, max_tokens: int | None = None,
@@ -125,6 +171,8 @@ class LLMEngine:
         (equal to ``beam_search_dense``). ``n > 1`` and beam search run as a sequence group sharing blocks."""
         params = self._sampling_params(params, max_tokens, ignore_eos)
         prompt = self.model.check_prompt("prompt_token_ids", prompt_token_ids)
+        if self.version == "v1":
+            return self._add_request_v1(request_id, prompt, params)
         if isinstance(params, BeamSearchParams):  # EOS ends a beam in the processor, not in the scheduler
             self.scheduler.add_request(request_id, prompt, params.max_tokens, num_seqs=params.beam_width)
             self._processors[request_id] = Beams(request_id, prompt, params, self.model.config.eos_token_id)
@@ -132,6 +180,24 @@ class LLMEngine:
         stop = self.model.stop_token_ids(params.ignore_eos) | frozenset(params.stop_token_ids)
         self.scheduler.add_request(request_id, prompt, params.max_tokens, stop, num_seqs=params.n)
         self._processors[request_id] = Samples(request_id, prompt, params, stop)
+
+    def _add_request_v1(self, request_id, prompt: list, params) -> None:
+        """v1: one sequence per request; ``n > 1`` fans out into child requests ``(request_id, i)`` that share the
+        prompt's full blocks through the prefix cache (vLLM: ``vllm/v1/engine/parallel_sampling.py``)."""
+        if isinstance(params, BeamSearchParams):
+            raise PagedKVValueError("vLLM v1 runs beam search outside the engine: call "
+                                    "pagedkv.beam_search(engine, prompts, params) (vLLM's LLM.beam_search).")
+        check_hashable("request_id", request_id)
+        if request_id in self._processors or request_id in self._parents:
+            raise DuplicateSequenceError(f"request {request_id!r} was already added; use a new request_id.")
+        stop = self.model.stop_token_ids(params.ignore_eos)
+        children = [request_id] if params.n == 1 else [(request_id, i) for i in range(params.n)]
+        for i, child in enumerate(children):
+            self.scheduler.add_request(child, prompt, dataclasses.replace(params, n=1), stop)
+            self._processors[child] = Samples(child, prompt, params, stop | frozenset(params.stop_token_ids),
+                                              index=None if params.n == 1 else i)
+        if params.n > 1:
+            self._parents[request_id] = (children, prompt)
 
     def _sampling_params(self, params, max_tokens, ignore_eos: bool):
         """``params`` checked (stop ids inside the vocabulary); an int becomes greedy ``SamplingParams``."""
@@ -148,8 +214,16 @@ class LLMEngine:
         self.model.check_token_ids("stop_token_ids", params.stop_token_ids)
         return params
 
+    def is_finished(self, request_id) -> bool:
+        """Whether every sequence (v1: every child request) of ``request_id`` has finished."""
+        ids = self._parents[request_id][0] if request_id in self._parents else [request_id]
+        return all(r in self.scheduler.finished for r in ids)
+
     def pop_finished(self, request_id) -> RequestOutput:
         """A finished request's :class:`RequestOutput` (its tokens, log-probability and why it stopped), once."""
+        if request_id in self._parents and self.is_finished(request_id):
+            children, prompt = self._parents.pop(request_id)
+            return RequestOutput(request_id, prompt, [self.pop_finished(child).outputs[0] for child in children])
         if request_id not in self.scheduler.finished:
             raise UnknownSequenceError(f"request {request_id!r} has not finished (or was popped already); step() "
                                        "until it leaves scheduler.requests.")
@@ -169,12 +243,14 @@ class LLMEngine:
             raise PagedKVValueError("prompts must be a list of token-id lists, e.g. [tokenizer.encode('The ')].")
         prompts = [self.model.check_prompt(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
         sampling = self._sampling_params(params, max_tokens, ignore_eos)  # all checked before anything is added
+        if self.version == "v1" and isinstance(sampling, BeamSearchParams):
+            return beam_search(self, prompts, sampling)
         request_ids = []
         for prompt in prompts:
             request_ids.append(("generate", self._num_generated))
             self._num_generated += 1
             self.add_request(request_ids[-1], prompt, sampling)
-        while any(r in self.scheduler.requests for r in request_ids):
+        while not all(self.is_finished(r) for r in request_ids):
             self.step()
         outputs = [self.pop_finished(r) for r in request_ids]
         if isinstance(params, (SamplingParams, BeamSearchParams)):
@@ -182,30 +258,65 @@ class LLMEngine:
         return [o.outputs[0].token_ids for o in outputs]
 
     # ------------------------------------------------------------ one step
-    def step(self) -> SchedulerOutputs:
+    def step(self):
         """Schedule, move blocks, run the model on the batch, sample, update the scheduler."""
+        if self.version == "v1":
+            return self._step_v1()
         out = self.scheduler.schedule()
         self._count(out)
         for request_id in out.ignored:
             self._warn_ignored(request_id)
         self._move_blocks(out)
-        next_tokens = self._run_model(out) if not out.is_empty else {}
+        next_tokens = self._run_v0(out) if not out.is_empty else {}
         self.scheduler.update(out, next_tokens)
         return out
+
+    def _step_v1(self) -> V1SchedulerOutput:
+        """v1: each scheduled request runs its chunk; those whose chunk reaches their last token sample."""
+        out = self.scheduler.schedule()
+        self._count_v1(out)
+        if out.is_empty:
+            if not out.preempted_req_ids:
+                self._ignore_stuck_v1()
+            return out
+        chunks = []
+        for request_id, num_tokens in out.num_scheduled_tokens.items():
+            request = self.scheduler.requests[request_id]
+            start = request.num_computed_tokens - num_tokens  # schedule() already counted this step's tokens
+            chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids(request_id),
+                                 request.all_token_ids[start:start + num_tokens], start, start))
+        sampling = self.scheduler.sampling_request_ids(out)
+        logits = self._forward(chunks, sampling)
+        self.scheduler.update_from_output(out, self._sample(sampling, logits))
+        return out
+
+    def _ignore_stuck_v1(self) -> None:
+        """Nothing ran and nothing runs: the first waiting request cannot fit even an empty pool. vLLM rejects such
+        a request up front (``max_model_len``); here it finishes with what it has, with a warning."""
+        kv = self.kv_cache_manager
+        if not self.scheduler.requests or self.scheduler.running or kv.num_free_blocks < kv.num_gpu_blocks:
+            return
+        request_id = self.scheduler.waiting[0]
+        self.scheduler.finish_ignored(request_id)
+        self._warn_ignored(request_id)
 
     def _warn_ignored(self, request_id) -> None:
         """vLLM warns and marks an ignored request too: say why, with the numbers, and what to change."""
         self.stats.num_ignored += 1
-        processor, manager = self._processors[request_id], self.block_manager
+        processor = self._processors[request_id]
         finished = self.scheduler.finished[request_id]
         generated = max((len(t) for t in finished.values()), default=0) if isinstance(finished, dict) \
             else len(finished)
         tokens = len(processor.prompt_token_ids) + generated
-        needed = -(-tokens // manager.block_size)
+        needed = -(-tokens // self.block_size)
+        if self.block_manager is not None:
+            pool = (f"{self.block_manager.num_total_gpu_blocks} GPU blocks allow (watermark "
+                    f"{self.block_manager.watermark_blocks})")
+        else:
+            pool = f"{self.kv_cache_manager.num_gpu_blocks} GPU blocks allow"
         warnings.warn(f"request {request_id!r} was ignored: its {tokens} tokens ({len(processor.prompt_token_ids)} "
-                      f"of prompt, {generated} generated) need {needed} blocks of {manager.block_size} per sequence, "
-                      f"more than the pool's {manager.num_total_gpu_blocks} GPU blocks allow (watermark "
-                      f"{manager.watermark_blocks}); it returns the tokens it has. Give the engine more "
+                      f"of prompt, {generated} generated) need {needed} blocks of {self.block_size} per sequence, "
+                      f"more than the pool's {pool}; it returns the tokens it has. Give the engine more "
                       "num_gpu_blocks, a larger block_size, or shorter prompts and max_tokens.",
                       RuntimeWarning, stacklevel=3)
 
@@ -216,47 +327,56 @@ class LLMEngine:
             cache.swap("cpu", "gpu", out.blocks_to_swap_in)
             cache.copy_blocks(out.blocks_to_copy)
 
-    @torch.inference_mode()
-    def _run_model(self, out: SchedulerOutputs) -> dict:
-        manager, block_size = self.block_manager, self.block_manager.block_size
-        input_ids, positions, slots, last_rows, prefills = [], [], [], [], []
-
-        def slot(table, pos):
-            return table[pos // block_size] * block_size + pos % block_size
-
+    def _run_v0(self, out: SchedulerOutputs) -> dict:
+        """v0: every prefill (its uncached tokens) and every decode (its last token) runs and samples."""
+        manager, chunks = self.block_manager, []
         for seq_id, tokens in out.prefills:
             num_cached = max(manager.num_cached_tokens(seq_id), out.shared_prefix.get(seq_id, 0))
             start = min(num_cached, len(tokens) - 1)  # a fully cached prompt still runs its last token
-            table = manager.get_block_table(seq_id)
-            rows = slice(len(input_ids), len(input_ids) + len(tokens) - start)
-            input_ids += tokens[start:]
-            positions += range(start, len(tokens))
-            slots += [slot(table, p) if p >= num_cached else -1 for p in range(start, len(tokens))]
-            prefills.append(_Prefill(rows, torch.tensor(table, dtype=torch.int32), len(tokens), start))
-            last_rows.append(rows.stop - 1)
-        decode_start = len(input_ids)
-        tables, seq_lens = [], []
+            chunks.append(_Chunk(seq_id, manager.get_block_table(seq_id), tokens[start:], start, num_cached))
         for seq_id in out.decodes:
-            table, num_tokens = manager.get_block_table(seq_id), manager.get_num_tokens(seq_id)
-            input_ids.append(self.scheduler.get_seq(seq_id).output_token_ids[-1])
-            positions.append(num_tokens - 1)
-            slots.append(slot(table, num_tokens - 1))
-            tables.append(table)
-            seq_lens.append(num_tokens)
-            last_rows.append(len(input_ids) - 1)
-        store = PagedKVStore(self.caches, torch.tensor(slots), prefills, slice(decode_start, len(input_ids)),
+            position = manager.get_num_tokens(seq_id) - 1
+            token = self.scheduler.get_seq(seq_id).output_token_ids[-1]
+            chunks.append(_Chunk(seq_id, manager.get_block_table(seq_id), [token], position, position))
+        return self._sample(out.scheduled, self._forward(chunks, out.scheduled))
+
+    @torch.inference_mode()
+    def _forward(self, chunks: list, sampling: list) -> torch.Tensor:
+        """One model pass over a flat batch: every chunk's tokens, multi-token chunks first (causal attention over
+        their blocks), then the single tokens (``paged_attention``). The logits of ``sampling``'s last rows."""
+        block_size = self.block_size
+        ordered = [c for c in chunks if len(c.token_ids) > 1] + [c for c in chunks if len(c.token_ids) == 1]
+        input_ids, positions, slots, prefills, last_row = [], [], [], [], {}
+        tables, seq_lens = [], []
+        for chunk in ordered:
+            end = chunk.start + len(chunk.token_ids)
+            rows = slice(len(input_ids), len(input_ids) + len(chunk.token_ids))
+            input_ids += chunk.token_ids
+            positions += range(chunk.start, end)
+            slots += [chunk.block_table[p // block_size] * block_size + p % block_size if p >= chunk.write_from
+                      else -1 for p in range(chunk.start, end)]
+            if len(chunk.token_ids) > 1:
+                prefills.append(_Prefill(rows, torch.tensor(chunk.block_table, dtype=torch.int32), end, chunk.start))
+            else:
+                tables.append(chunk.block_table)
+                seq_lens.append(end)
+            last_row[chunk.key] = rows.stop - 1
+        num_prefill_rows = sum(len(c.token_ids) for c in ordered if len(c.token_ids) > 1)
+        store = PagedKVStore(self.caches, torch.tensor(slots), prefills, slice(num_prefill_rows, len(input_ids)),
                              _pad(tables), torch.tensor(seq_lens, dtype=torch.int32), self.backend)
-        logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store, last_rows)
+        logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store,
+                                        [last_row[key] for key in sampling])
         self.stats.num_computed_tokens += len(input_ids)
-        return self._sample(out.scheduled, logits)
+        return logits
 
     def _sample(self, seq_ids: list, logits: torch.Tensor) -> dict:
         """Every live sequence's next token: each request's processor samples, forks and prunes its own."""
         argmax = logits.argmax(dim=-1).tolist()  # every greedy row at once
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         rows_by_request: dict = {}
-        for row, seq_id in enumerate(seq_ids):
-            rows_by_request.setdefault(self.scheduler.get_seq(seq_id).request_id, {})[seq_id] = row
+        for row, seq_id in enumerate(seq_ids):  # v1: a sequence is its own request
+            request_id = seq_id if self.version == "v1" else self.scheduler.get_seq(seq_id).request_id
+            rows_by_request.setdefault(request_id, {})[seq_id] = row
         next_tokens = {}
         for request_id, rows in rows_by_request.items():
             next_tokens.update(self._processors[request_id].process(self.scheduler, rows, logits, logprobs, argmax))
@@ -273,9 +393,43 @@ class LLMEngine:
         in_use = manager.num_total_gpu_blocks - manager.num_free_gpu_blocks
         self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, in_use)
 
+    def _count_v1(self, out: V1SchedulerOutput) -> None:
+        kv = self.kv_cache_manager
+        self.stats.steps += 1
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        self.stats.num_prefix_cached_tokens += sum(self.scheduler.requests[r].num_cached_tokens
+                                                   for r in out.scheduled_new_reqs)
+        self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, kv.num_gpu_blocks - kv.num_free_blocks)
+
     def __repr__(self) -> str:
-        return (f"LLMEngine(num_gpu_blocks={self.block_manager.num_total_gpu_blocks}, "
-                f"block_size={self.block_manager.block_size}, {self.scheduler!r})")
+        return f"LLMEngine(version={self.version!r}, block_size={self.block_size}, {self.scheduler!r})"
+
+
+def _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager) -> None:
+    """v0-only settings on a v1 engine: say what v1 does instead."""
+    if num_cpu_blocks:
+        raise PagedKVValueError(f"num_cpu_blocks={num_cpu_blocks}: vLLM v1 has no swap space (it preempts by "
+                                "recompute only); drop num_cpu_blocks, or use version='v0' to swap.")
+    if preemption_mode not in (None, "recompute", PreemptionMode.RECOMPUTE):
+        raise PagedKVValueError(f"preemption_mode={preemption_mode!r}: vLLM v1 preempts by recompute only (swap "
+                                "went with v0); drop the argument, or use version='v0'.")
+    if watermark is not None:
+        raise PagedKVValueError(f"watermark={watermark!r}: vLLM v1 has no watermark (allocate_slots either fits or "
+                                "the scheduler preempts); drop the argument, or use version='v0'.")
+    if block_manager is not None:
+        raise PagedKVValueError("block_manager is a v0 BlockSpaceManager; a v1 engine makes its own "
+                                "pagedkv.v1.KVCacheManager.")
+
+
+def _check_same_sizes(manager, block_size, num_gpu_blocks, num_cpu_blocks) -> BlockSpaceManager:
+    if not isinstance(manager, BlockSpaceManager):
+        raise PagedKVValueError(f"block_manager must be a BlockSpaceManager or None, got {type(manager).__name__}.")
+    given = (block_size, num_gpu_blocks, num_cpu_blocks)
+    has = (manager.block_size, manager.num_total_gpu_blocks, manager.num_total_cpu_blocks)
+    if given != has:
+        raise PagedKVValueError(f"block_manager has block_size, num_gpu_blocks, num_cpu_blocks = {has}, but the "
+                                f"engine was given {given}: pass the manager's own sizes.")
+    return manager
 
 
 def _pad(tables: list[list[int]]) -> torch.Tensor:

@@ -26,22 +26,34 @@ from .sampling import BeamSearchParams, CompletionOutput, RequestOutput, Samplin
 class Samples:
     """``n`` samples of one request; each sequence draws with its own generator, seeded from (seed, index)."""
 
-    def __init__(self, request_id, prompt_token_ids: list, params: SamplingParams, stop_token_ids: frozenset):
+    def __init__(self, request_id, prompt_token_ids: list, params: SamplingParams, stop_token_ids: frozenset,
+                 index: int | None = None):
+        """``index``: this request is sample ``index`` of ``params.n``, alone (vLLM v1 fans ``n > 1`` out into
+        child requests); its draws are that sample's, so v1's samples equal v0's."""
         self.request_id, self.prompt_token_ids, self.params = request_id, prompt_token_ids, params
         self.stop_token_ids = stop_token_ids
         self.generators = [None] * params.n if params.greedy else params.generators()
-        first = request_id if params.n == 1 else (request_id, 0)
-        self.index = {first: 0}  # seq_id -> sample index
+        self.num_samples = params.n if index is None else 1
+        first = request_id if self.num_samples == 1 else (request_id, 0)
+        self.index = {first: index or 0}  # seq_id -> sample index
         self.cumulative_logprob = {first: 0.0}
+        self.top_logprobs: dict = {}  # seq_id -> per token {token: log-prob}, with params.logprobs
 
     def process(self, scheduler, rows: dict, logits: torch.Tensor, logprobs: torch.Tensor, argmax: list) -> dict:
         tokens = {}
         for seq_id, row in rows.items():
-            if len(self.index) < self.params.n:  # the prompt's logits: every sample's first token, then fork
+            if len(self.index) < self.num_samples:  # the prompt's logits: every sample's first token, then fork
                 return self._fork_samples(scheduler, seq_id, row, logits, logprobs, argmax)
             tokens[seq_id] = self._draw(self.index[seq_id], row, logits, argmax)
             self.cumulative_logprob[seq_id] += float(logprobs[row, tokens[seq_id]])
+            self._keep_top(seq_id, logprobs[row])
         return tokens
+
+    def _keep_top(self, seq_id, row_logprobs: torch.Tensor) -> None:
+        """vLLM's ``logprobs=k``: the k most likely tokens of this step, most likely first."""
+        if self.params.logprobs:
+            top = torch.topk(row_logprobs, min(self.params.logprobs, row_logprobs.numel()))
+            self.top_logprobs.setdefault(seq_id, []).append(dict(zip(top.indices.tolist(), top.values.tolist())))
 
     def _fork_samples(self, scheduler, parent, row, logits, logprobs, argmax) -> dict:
         tokens = {}
@@ -52,6 +64,7 @@ class Samples:
             self.index[seq_id] = i
             tokens[seq_id] = self._draw(i, row, logits, argmax)
             self.cumulative_logprob[seq_id] = float(logprobs[row, tokens[seq_id]])
+            self._keep_top(seq_id, logprobs[row])
         return tokens
 
     def _draw(self, index: int, row: int, logits: torch.Tensor, argmax: list) -> int:
@@ -61,7 +74,8 @@ class Samples:
     def output(self, finished) -> RequestOutput:
         """``finished``: the scheduler's record (a token list for one sequence, {seq_id: tokens} for a group)."""
         by_seq = finished if isinstance(finished, dict) else {self.request_id: finished}
-        outputs = sorted((CompletionOutput(self.index[s], t, self.cumulative_logprob[s], self._reason(t))
+        outputs = sorted((CompletionOutput(self.index[s], t, self.cumulative_logprob[s], self._reason(t),
+                                           self.top_logprobs.get(s) if self.params.logprobs else None)
                           for s, t in by_seq.items()), key=lambda o: o.index)
         return RequestOutput(self.request_id, self.prompt_token_ids, outputs)
 
@@ -75,8 +89,9 @@ class Beams:
     def __init__(self, request_id, prompt_token_ids: list, params: BeamSearchParams, eos_token_id):
         self.request_id, self.prompt_token_ids, self.params = request_id, prompt_token_ids, params
         self.eos = None if params.ignore_eos else eos_token_id
-        self.beams = [(request_id, 0)]  # live beams, best first (the order candidates are made in)
-        self.cumulative_logprob = {(request_id, 0): 0.0}
+        first = request_id if params.beam_width == 1 else (request_id, 0)  # the scheduler's name for it
+        self.beams = [first]  # live beams, best first (the order candidates are made in)
+        self.cumulative_logprob = {first: 0.0}
         self.completed = []  # (token_ids, cumulative_logprob) of beams that ended with EOS
         self.num_forked = 1
 
@@ -108,8 +123,9 @@ class Beams:
         self.beams, self.cumulative_logprob = beams, cumulative
         return tokens
 
-    def output(self, finished: dict) -> RequestOutput:
+    def output(self, finished) -> RequestOutput:
         """The best ``beam_width`` of the completed and the live-to-the-end beams, best first."""
+        finished = finished if isinstance(finished, dict) else {self.request_id: finished}  # width 1: one sequence
         ended = [(tokens, self.cumulative_logprob[s]) for s, tokens in finished.items()]
         best = sorted(self.completed + ended, reverse=True,
                       key=lambda b: beam_search_score(len(b[0]), b[1], self.params.length_penalty))

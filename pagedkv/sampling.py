@@ -42,9 +42,12 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: tuple = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # also return this many most likely tokens' log-probabilities per step
 
     def __post_init__(self):
         check_int("n", self.n, minimum=1)
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, minimum=0)
         check_int("max_tokens", self.max_tokens, minimum=1)
         check_int("top_k", self.top_k, minimum=0)
         _check_real("temperature", self.temperature, lambda t: t >= 0, ">= 0 (0 is greedy)")
@@ -90,6 +93,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float
     finish_reason: str  # "stop" (EOS or a stop token, included) or "length" (max_tokens)
+    logprobs: list | None = None  # with SamplingParams(logprobs=k): per token, {token id: log-prob} of the top k
 
 
 @dataclass

@@ -171,6 +171,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # tokens prefilled again after a recompute preemption
         self.num_swapped_blocks = 0  # blocks moved out to the CPU pool
+        self.num_pruned_blocks = 0  # blocks that free_seq (a dropped beam) returned to the free list
+        self.pruned_block_ids: list = []  # the ones of the step in flight (cleared by schedule())
 
     # ------------------------------------------------------------------ queues
     @property
@@ -237,7 +239,11 @@ class Scheduler:
         """Between ``schedule()`` and ``update()``: drop a live sequence (a pruned beam); its blocks are freed.
         A request left with no live sequence finishes at ``update()``."""
         seq = self.get_seq(seq_id)
+        table = self.block_manager.get_block_table(seq_id)
         self.block_manager.free(seq_id)
+        freed = [b for b in table if self.block_manager.refcount(b) == 0]
+        self.num_pruned_blocks += len(freed)
+        self.pruned_block_ids += freed
         self.requests[seq.request_id].seqs.remove(seq)
         del self._seqs[seq_id]
 
@@ -257,6 +263,7 @@ class Scheduler:
             raise PagedKVValueError("the last step has not been reported yet: call update(outputs, next_tokens) "
                                     "with the tokens it sampled before scheduling again.")
         out = SchedulerOutputs()
+        self.pruned_block_ids = []
         self._schedule_running(out)
         if not out.preempted:  # a step that had to preempt has no room to bring anyone in
             self._schedule_swapped(out)

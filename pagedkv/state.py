@@ -77,8 +77,15 @@ def _fill_bar(num_tokens: int, block_size: int, width: int = 8) -> str:
     return "[" + "#" * filled + "." * (cells - filled) + "]"
 
 
+def seq_name(seq_id) -> str:
+    """How a sequence is written on a map: ``"A"``, or ``"beam.2"`` for sequence 2 of request ``"beam"``."""
+    if isinstance(seq_id, tuple) and len(seq_id) == 2:
+        return f"{seq_name(seq_id[0])}.{seq_id[1]}"
+    return str(seq_id)
+
+
 def _seq_label(seq_ids: tuple) -> str:
-    return ",".join(str(s) for s in seq_ids) or "-"
+    return ",".join(seq_name(s) for s in seq_ids) or "-"
 
 
 def render_state(state: ManagerState) -> str:
@@ -104,7 +111,7 @@ def render_state(state: ManagerState) -> str:
         lines.append("  (* = still holds a cached prefix block; evicted when handed out)")
     for seq_id, table in state.tables.items():
         device = state.seq_devices[seq_id]
-        lines.append(f"  seq {seq_id} on {device}: {state.seq_lens.get(seq_id, '?')} tokens -> {table}")
+        lines.append(f"  seq {seq_name(seq_id)} on {device}: {state.seq_lens.get(seq_id, '?')} tokens -> {table}")
     if state.prefix_stats is not None:
         s = state.prefix_stats
         lines.append(f"  prefix cache: {s['hits']} hits, {s['misses']} misses, "

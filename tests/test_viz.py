@@ -79,7 +79,7 @@ def test_large_pools_drop_labels():
 def test_visualizer_controls_drive_the_cache():
     v = BlockTableVisualizer(block_size=4, num_gpu_blocks=16, num_cpu_blocks=4)
     a = v.add_sequence(6)
-    assert v.counters()["blocks_used"] == 2 and v.seq_menu.options == (a,) and v.seq_menu.value == a
+    assert v.counters()["blocks_used"] == 2 and v.seq_menu.options == (("A", a),) and v.seq_menu.value == a
     assert v.append(a, 3) and v.manager.get_num_tokens(a) == 9
     b = v.fork(a)
     assert v.manager.get_block_table(b) == v.manager.get_block_table(a)
@@ -186,7 +186,37 @@ def test_the_beam_message_counts_the_beams_blocks_on_both_sides():
     assert v.beam_step(6) and v.message.startswith("beam search started: a 6-token prompt in 2 blocks")
     for _ in range(3):
         assert v.beam_step(6)
-        tables = [v.manager.get_block_table(s) for s in v.beam.tokens]
+        tables = list(v.beam.block_tables().values())
         held, alone = len({b for t in tables for b in t}), sum(map(len, tables))
         assert f"the {len(tables)} beams hold {held} blocks (without sharing: {alone})" in v.message
         assert held <= alone
+
+
+def test_the_beam_step_is_the_engines_beam_search_and_its_sequences_are_the_engines():
+    """Issue #25: one serving loop. The clicks run LLMEngine on the tiny Llama; the result is beam_search_dense's."""
+    from pagedkv import BeamSearchParams, beam_search_dense
+    from pagedkv.decoding import tiny_model
+    from pagedkv.viz.visualizer import BEAM_TOKENS
+
+    v = BlockTableVisualizer(num_gpu_blocks=48, block_size=4, beam_width=3)
+    v.add_sequence(5)
+    assert v.beam_step(7)
+    prompt = v.engine.scheduler.requests["beam"].prompt_token_ids
+    beam = v.beam.seq_ids[1]
+    assert not v.free(beam) and "belong to the engine" in v.message and v.manager.has_seq(beam)
+    assert v.seq_menu.options[-1][0].startswith("beam.")  # ("beam", i) is written beam.i
+    while v.beam_output is None:
+        assert v.beam_step(7) and not v.message_is_error
+    assert v.message.startswith(f"beam search finished after {BEAM_TOKENS} tokens")
+    want = beam_search_dense(tiny_model(), prompt, BeamSearchParams(beam_width=3, max_tokens=BEAM_TOKENS,
+                                                                     ignore_eos=True))
+    assert [o.token_ids for o in v.beam_output.outputs] == [o.token_ids for o in want.outputs]
+    assert v.manager.seq_ids == ["A"]  # every beam's blocks went back; the hand-made sequence stays
+    assert v.beam_step(7) and v.message.startswith("beam search started")  # and a new one starts
+
+
+def test_a_beam_search_too_big_for_the_pool_is_refused_with_its_numbers():
+    v = BlockTableVisualizer(num_gpu_blocks=4, block_size=4, beam_width=3)
+    before = v.snapshot()
+    assert not v.beam_step(6) and "need up to 6 blocks of 4, more than the pool's 4" in v.message
+    assert v.snapshot() == before and v.engine is None

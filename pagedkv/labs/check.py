@@ -145,14 +145,31 @@ def _exercise(key: str):
                               f"exercise): {', '.join(sorted(EXERCISES))}.") from None
 
 
-def exercise(key: str, *answers) -> bool:
+class Checked:
+    """A check's verdict: true when the answer is right. The notebook shows only the printed line, no bare
+    ``True`` under the cell (IPython calls ``_ipython_display_`` instead of printing a result)."""
+
+    def __init__(self, ok: bool):
+        self.ok = ok
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return f"Checked({self.ok})"
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def exercise(key: str, *answers) -> Checked:
     """Check the answer(s) to exercise ``key`` (e.g. ``"02.E1"``); several answers are checked as one tuple."""
     ex = _exercise(key)
     title = f"{key} {ex.title}"
     if ex.cases:
-        return function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key)
+        return Checked(function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key))
     answer = answers[0] if len(answers) == 1 else tuple(answers)
-    return report(title, answer, ex.expected(), ex.hint, ex.tolerance, key)
+    return Checked(report(title, answer, ex.expected(), ex.hint, ex.tolerance, key))
 
 
 def reveal(key: str) -> None:

@@ -117,12 +117,22 @@ def _three_way_fork_blocks():
 
 
 # ------------------------------------------------------------ 04 beam search
-def _beam_blocks_after_step_1():
-    from ..decoding import BeamSearch
-    from ..paged_cache import PagedKVCache
+def _samples_after_first_write():
+    """n = 3 samples of a 6-token prompt, block size 4, on the tiny Llama: the prefill, then the first write."""
+    from ..decoding import GroupDecoding, synthetic_prompt, tiny_engine
+    from ..sampling import SamplingParams
 
-    search = BeamSearch(PagedKVCache(16, 4, 1, 2, watermark=0.0), [1, 2, 3, 4, 5, 6], width=2)
-    return search.step().blocks_in_use
+    group = GroupDecoding(tiny_engine(16, block_size=4, watermark=0.0), synthetic_prompt(6),
+                          SamplingParams(n=3, seed=0, max_tokens=4))
+    group.step()
+    stats = group.step()
+    return stats.blocks_in_use, stats.cow_copies
+
+
+def _parallel_savings_sharegpt_like():
+    from ..decoding import sharing_savings
+
+    return sharing_savings("parallel", 4, 160, 336, block_size=16)
 
 
 def _pruned_beam():
@@ -328,12 +338,17 @@ EXERCISES: dict[str, Exercise] = {
     "03.E2": Exercise("blocks in use", expected=_three_way_fork_blocks,
                       hint="full prompt blocks stay shared; each sequence needs its own last block, but the last "
                            "writer of a shared block finds its ref count back at 1."),
-    "04.E1": Exercise("blocks after step 1", expected=_beam_blocks_after_step_1,
-                      hint="the full prompt block stays shared; what happens to the half-full one when two "
-                           "children write into it?"),
+    "04.E1": Exercise("(blocks in use, copy-on-write copies) after the first write",
+                      expected=_samples_after_first_write,
+                      hint="the full prompt block stays shared; three samples write into the half-full one: who "
+                           "must copy it, and who finds its ref count back at 1?"),
     "04.E2": Exercise("(blocks freed by pruning Y, blocks in use after the step)", expected=_pruned_beam,
                       hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
                            "both survivors write into a full block."),
+    "04.E3": Exercise("savings", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
+                      hint="at the peak every sample has written all but its last token; the 10 prompt blocks are "
+                           "held once with sharing and 4 times without; each sample's output tokens start a "
+                           "fresh block."),
     "05.E1": Exercise("cached tokens of B", expected=_cached_tokens_of_b,
                       hint="only full blocks have names, and a block's name covers every token before it."),
     "05.E2": Exercise("free queue", expected=_free_queue_after_free,

@@ -1,9 +1,9 @@
 """Layer 13 — pictures of the cache, drawn only from ``snapshot()`` data, and the interactive visualizer."""
 
-from .block_map import PALETTE, draw_block_map, seq_colors
+from .block_map import PALETTE, add_block_map_key, align_panels, draw_block_map, seq_colors
 from .scheduler_widget import SchedulerVisualizer
 from .timeline import Timeline, draw_timeline
 from .visualizer import BlockTableVisualizer, counters
 
-__all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "counters", "draw_block_map",
-           "draw_timeline", "seq_colors"]
+__all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "add_block_map_key",
+           "align_panels", "counters", "draw_block_map", "draw_timeline", "seq_colors"]

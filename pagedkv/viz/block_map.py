@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 from matplotlib.collections import PolyCollection
 
 from ..errors import PagedKVValueError
-from ..state import ManagerState
+from ..state import ManagerState, seq_name
 from ..validate import check_int, is_list_like
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
@@ -29,9 +29,15 @@ PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#C
 FREE, CACHED, EDGE, HIGHLIGHT, SOURCE = "#F4F4F4", "#C9C9C9", "#555555", "#CC0000", "#7B3294"
 
 
-def seq_colors(state: ManagerState) -> dict:
-    """A stable colour per sequence, in the order the sequences appear in the snapshot."""
-    return {seq: PALETTE[i % len(PALETTE)] for i, seq in enumerate(state.tables)}
+def seq_colors(state: ManagerState, keep: dict | None = None) -> dict:
+    """A colour per sequence, in the order the sequences appear in the snapshot. ``keep``: colours given
+    earlier (e.g. the last drawing's), which the sequences still alive keep; new ones take unused colours."""
+    keep = keep or {}
+    colors = {seq: keep[seq] for seq in state.tables if seq in keep}
+    unused = [c for c in PALETTE if c not in colors.values()] or PALETTE
+    for i, seq in enumerate(s for s in state.tables if s not in colors):
+        colors[seq] = unused[i % len(unused)]
+    return colors
 
 
 def _grid_columns(num_blocks: int) -> int:
@@ -53,7 +59,8 @@ def _block_refs(name: str, refs) -> set:
 
 
 def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None = None,
-                   show_tables: bool = True, labels: bool | None = None, sources=(), columns: int | None = None):
+                   show_tables: bool = True, labels: bool | None = None, sources=(), columns: int | None = None,
+                   colors: dict | None = None):
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
 
     ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline in red, e.g.
@@ -62,7 +69,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     in all) prints ids, ref counts and free positions in the cells; without them
     each block table is a bar of entries and its length.  Rectangles go into two collections
     (fills, outlines), which keeps a 256-block redraw fast.  ``columns``: cells per pool row
-    (default: about twice as wide as tall).
+    (default: about twice as wide as tall).  ``colors``: seq_id -> colour to keep from an earlier drawing
+    (``seq_colors(state, keep=...)``), so a sequence keeps its colour from one map to the next.
     """
     if not isinstance(state, ManagerState):
         raise PagedKVValueError(f"draw_block_map draws a snapshot, got {type(state).__name__}; pass "
@@ -73,7 +81,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
                                  ("labels", labels, (bool, type(None)))):
         if not isinstance(value, allowed):
             raise PagedKVValueError(f"{name} must be {' or '.join(t.__name__ for t in allowed)}, got {value!r}.")
-    colors = seq_colors(state)
+    colors = seq_colors(state, colors if isinstance(colors, dict) else None)
     pools = [d for d, n in (("gpu", state.num_gpu_blocks), ("cpu", state.num_cpu_blocks)) if n]
     labels = labels if labels is not None else len(state.blocks) <= 128
     cols = {d: columns or _grid_columns(len(state.device_blocks(d))) for d in pools}
@@ -166,7 +174,7 @@ def _tables(ax, state, colors, top, fills, outlines, labels):
         y = top + r
         on_cpu = state.seq_devices[seq] == "cpu"
         count = "" if labels else f" ({len(table)})"  # large maps: no ids, so say how many entries
-        ax.text(-0.1, y + 0.5, f"seq {seq}{count}", ha="right", va="center", fontsize=9)
+        ax.text(-0.1, y + 0.5, f"seq {seq_name(seq)}{count}", ha="right", va="center", fontsize=9)
         suffix = "c" if on_cpu else ""
         color = _lighter(colors[seq], 0.5) if on_cpu else colors[seq]
         if not labels:  # large maps: a thin coloured bar per entry (text is slow to render)

@@ -15,15 +15,33 @@ import random
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+import torch
 
-from ..decoding import BeamSearch, SequenceOps
+from ..decoding import GroupDecoding, synthetic_prompt, tiny_model
+from ..engine import LLMEngine
 from ..errors import PagedKVError, PagedKVValueError
 from ..manager import BlockSpaceManager
 from ..paged_cache import PagedKVCache
+from ..sampling import BeamSearchParams
+from ..state import seq_name
 from ..validate import check_int
-from .block_map import draw_block_map
+from .block_map import draw_block_map, seq_colors
 
 SEQUENCE_ACTIONS = ("append", "fork", "free", "swap out", "swap in")
+BEAM_TOKENS = 64  # a beam search runs this many clicks, then its blocks are freed
+MAX_POSITIONS = 1024  # the tiny Llama's context
+
+
+def _count(n: int, one: str, many: str) -> str:
+    """``1 block``, ``2 blocks``."""
+    return f"{n} {one if n == 1 else many}"
+
+
+def _kv(cache: PagedKVCache, tokens) -> torch.Tensor:
+    """A hand-made sequence's keys: token ``t``'s key is ``t`` in every element."""
+    engine = cache.engine
+    keys = torch.as_tensor(list(tokens), dtype=engine.dtype).view(-1, 1, 1)
+    return keys.expand(-1, engine.num_kv_heads, engine.head_size).contiguous()
 
 
 def counters(state) -> dict:
@@ -64,9 +82,12 @@ class BlockTableVisualizer:
                             enable_prefix_caching=s["enable_prefix_caching"])
 
     def _attach(self, target) -> None:
-        self.ops = SequenceOps(target)
-        self.manager = self.ops.manager
-        self.beam: BeamSearch | None = None
+        self.cache = target if isinstance(target, PagedKVCache) else None
+        self.manager = self.cache.manager if self.cache else target
+        self.engine: LLMEngine | None = None  # made at the first beam step, over this manager
+        self.beam: GroupDecoding | None = None
+        self.beam_output = None  # the last finished beam search's RequestOutput
+        self._colors: dict = {}  # seq_id -> colour, kept from drawing to drawing
         self._next_name = 0
 
     @property
@@ -111,7 +132,11 @@ class BlockTableVisualizer:
 
         def action():
             length = check_int("prompt length", prompt_len, minimum=1)
-            self.ops.allocate(name, self._prompt(length, reuse_prompt))
+            tokens = self._prompt(length, reuse_prompt)
+            if self.cache:  # token t's key and value are t and -t, so a gather shows whose data a block holds
+                self.cache.add_sequence(name, _kv(self.cache, tokens), -_kv(self.cache, tokens), token_ids=tokens)
+            else:
+                self.manager.allocate(name, tokens)
             return self.manager.get_block_table(name)
 
         self._select = name
@@ -121,8 +146,11 @@ class BlockTableVisualizer:
         def action():
             count = check_int("tokens to append", num_tokens, minimum=1)
             tokens = [self.rng.randrange(1000, 32000) for _ in range(count)]
-            before = self.manager.get_block_table(seq_id)
-            self.ops.append(seq_id, tokens)
+            before = self._hand_made(seq_id, "append to")
+            if self.cache:
+                self.cache.append(seq_id, _kv(self.cache, tokens), -_kv(self.cache, tokens), token_id=tokens)
+            else:
+                self.manager.append_slots(seq_id, tokens)
             after = self.manager.get_block_table(seq_id)
             return [b for b in after if b not in before] or after[-1:]  # new or copied blocks, else the last
 
@@ -132,41 +160,86 @@ class BlockTableVisualizer:
         child = self._name()
         self._select = child
         ok = self._act(f"fork {seq_id} -> {child}",
-                       lambda: (self.ops.fork(seq_id, child), self.manager.get_block_table(child))[1])
+                       lambda: (self._hand_made(seq_id, "fork"), self._target.fork(seq_id, child),
+                                self.manager.get_block_table(child))[2])
         return child if ok else None
 
     def free(self, seq_id) -> bool:
-        return self._act(f"free {seq_id}", lambda: (self.ops.free(seq_id), [])[1])
+        return self._act(f"free {seq_id}", lambda: (self._hand_made(seq_id, "free"), self._target.free(seq_id), [])[2])
 
     def swap_out(self, seq_id) -> bool:
-        return self._act(f"swap out {seq_id}", lambda: [("cpu", c) for _, c in self.ops.swap_out(seq_id)])
+        return self._act(f"swap out {seq_id}", lambda: (self._hand_made(seq_id, "swap out"),
+                                                     [("cpu", c) for _, c in self._target.swap_out(seq_id)])[1])
 
     def swap_in(self, seq_id) -> bool:
-        return self._act(f"swap in {seq_id}", lambda: [g for _, g in self.ops.swap_in(seq_id)])
+        return self._act(f"swap in {seq_id}", lambda: (self._hand_made(seq_id, "swap in"),
+                                                    [g for _, g in self._target.swap_in(seq_id)])[1])
+
+    @property
+    def _target(self):
+        return self.cache or self.manager
+
+    def _hand_made(self, seq_id, action: str) -> list[int]:
+        """A sequence the buttons may change (the beam search's belong to the engine); its block table."""
+        if self.beam is not None and seq_id in self.beam.seq_ids:
+            raise PagedKVValueError(f"cannot {action} {seq_name(seq_id)}: the beam search's sequences belong to the "
+                                    "engine, which forks and frees them; click 'beam step' to advance it.")
+        return self.manager.get_block_table(seq_id)
 
     def beam_step(self, prompt_len: int = 6) -> bool:
-        """Start a beam search (first click) or advance it by one step."""
+        """Start a beam search on the tiny Llama (first click: its prompt prefilled, the beams forked from it), or
+        advance it one engine step: the best ``beam_width`` candidates live on, a dropped beam's blocks go back."""
         def action():
-            if self.beam is None or not self.beam.tokens:
-                length = check_int("prompt length", prompt_len, minimum=1)
-                self.beam = BeamSearch(self.ops.cache or self.manager, self._prompt(length, False),
-                                       self.beam_width, id_prefix="beam")
-                held, _ = self._beam_blocks()
-                self.message = (f"beam search started: a {length}-token prompt in {held} blocks; each click "
-                                f"extends the best {self.beam_width} beams by one token")
-                return [b for s in self.beam.tokens for b in self.manager.get_block_table(s)]
+            if self.beam is None or self.beam.finished:
+                return self._start_beam_search(prompt_len)
             stats = self.beam.step()
             held, alone = self._beam_blocks()
-            self.message = (f"beam step {stats.step}: the {len(self.beam.tokens)} beams hold {held} blocks "
-                            f"(without sharing: {alone}), {stats.cow_copies} copies, "
-                            f"{stats.blocks_freed} freed by pruning")
-            return [self.manager.get_block_table(s)[-1] for s in self.beam.tokens]
+            if self.beam.finished:
+                self.beam_output = self.engine.pop_finished(self.beam.request_id)
+                self.message = (f"beam search finished after {BEAM_TOKENS} tokens: its blocks are free again; the "
+                                "next click starts a new one")
+                return []
+            copies = _count(stats.cow_copies, "copy-on-write copy", "copy-on-write copies")
+            self.message = (f"beam step {stats.step - 1}: the {stats.num_seqs} beams hold {held} blocks "
+                            f"(without sharing: {alone}), {copies}, "
+                            f"{_count(stats.blocks_freed, 'block', 'blocks')} freed by dropped beams")
+            return [table[-1] for table in self.beam.block_tables().values()]
 
         return self._act("beam search step", action)
 
+    def _start_beam_search(self, prompt_len) -> list[int]:
+        length = check_int("prompt length", prompt_len, minimum=1)
+        limit = MAX_POSITIONS - BEAM_TOKENS
+        if length > limit:
+            raise PagedKVValueError(f"a beam search prompt of {length} tokens is too long for the tiny Llama "
+                                    f"(at most {limit}, so that {BEAM_TOKENS} more fit its {MAX_POSITIONS} positions).")
+        needed = -(-(length + 1) // self.manager.block_size) * self.beam_width
+        if needed > self.manager.num_total_gpu_blocks:
+            raise PagedKVValueError(f"{self.beam_width} beams of a {length}-token prompt need up to {needed} blocks "
+                                    f"of {self.manager.block_size}, more than the pool's "
+                                    f"{self.manager.num_total_gpu_blocks}; a shorter prompt or a larger pool.")
+        if self.engine is None:
+            s = self.settings
+            m = self.manager
+            self.engine = LLMEngine(tiny_model(), num_gpu_blocks=m.num_total_gpu_blocks, block_size=m.block_size,
+                                    num_cpu_blocks=m.num_total_cpu_blocks, watermark=s["watermark"],
+                                    enable_prefix_caching=s["enable_prefix_caching"], block_manager=m)
+        params = BeamSearchParams(beam_width=self.beam_width, max_tokens=BEAM_TOKENS, ignore_eos=True)
+        self.beam = GroupDecoding(self.engine, synthetic_prompt(length, self.rng.randrange(1000)), params, "beam")
+        self.beam.step()
+        if not self.beam.seq_ids:
+            self.message = (f"beam search queued: its {length}-token prompt waits for free blocks (free a sequence, "
+                            "then click again)")
+            return []
+        held, _ = self._beam_blocks()
+        self.message = (f"beam search started: a {length}-token prompt in {held} blocks, prefilled once and forked "
+                        f"into {len(self.beam.seq_ids)} beams that share them; each click extends the best "
+                        f"{self.beam_width} beams by one token")
+        return sorted({b for table in self.beam.block_tables().values() for b in table})
+
     def _beam_blocks(self) -> tuple[int, int]:
         """The beams' blocks: distinct ones (shared blocks once), and what each beam alone would hold."""
-        tables = [self.manager.get_block_table(s) for s in self.beam.tokens]
+        tables = self.beam.block_tables().values()
         return len({b for table in tables for b in table}), sum(len(table) for table in tables)
 
     def reset(self, **settings) -> bool:
@@ -254,7 +327,7 @@ class BlockTableVisualizer:
             return
         state = self.snapshot()
         wanted = self._select or self.seq_menu.value  # a new sequence is selected at once
-        self.seq_menu.options = list(state.tables)
+        self.seq_menu.options = [(seq_name(s), s) for s in state.tables]
         if state.tables:
             self.seq_menu.value = wanted if wanted in state.tables else list(state.tables)[-1]
         self._select = None
@@ -271,7 +344,8 @@ class BlockTableVisualizer:
         with self.output:
             self.output.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(9, min(3.4 + 0.3 * len(state.tables), 12)))  # room for every table
-            draw_block_map(state, ax=ax, highlight=self.last_touched)
+            self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
+            draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
             plt.show()
 
     def _ipython_display_(self):

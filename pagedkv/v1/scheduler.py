@@ -1,0 +1,227 @@
+"""vLLM v1's scheduler, readable: one token budget, chunked prefill, preemption by recompute only.
+
+vLLM 0.33 does this in ``vllm/v1/core/sched/scheduler.py`` (``schedule``, ``_preempt_request``,
+``update_from_output``; 3,783 lines with everything this course leaves out). There are no prefill and decode
+phases: every request has ``num_computed_tokens`` and ``num_tokens``, and each step the scheduler hands out one
+budget of ``max_num_batched_tokens`` so that requests catch up:
+
+1. **running** requests first, in order: each gets ``num_tokens - num_computed_tokens`` tokens (one for a
+   decode; the rest of its prompt for a long prefill), at most ``long_prefill_token_threshold`` if set and at
+   most the budget left, so a long prompt is **chunked** over several steps beside the others' decodes. When
+   ``allocate_slots`` returns None, the **last** running request is preempted by recompute (its blocks freed,
+   ``num_computed_tokens = 0``, front of ``waiting``) and the allocation is tried again;
+2. then **waiting** requests in order (first come, first served), not in a step that preempted: their cached
+   prefix from ``get_computed_blocks``, then a chunk of the rest, while the budget and ``max_num_seqs`` allow.
+
+A request samples a token only in a step whose chunk reaches the end of its tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import DuplicateSequenceError, PagedKVValueError
+from ..sampling import SamplingParams
+from ..validate import check_hashable, check_int, check_token_ids
+from .kv_cache_manager import KVCacheManager
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again, to be recomputed
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One request (vLLM: ``vllm/v1/request.py``): its tokens and how many of them have K/V in the cache."""
+
+    request_id: object
+    prompt_token_ids: list[int]
+    max_tokens: int
+    stop_token_ids: frozenset = frozenset()
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its (last) admission
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step runs: how many tokens of each request (vLLM: ``vllm/v1/core/sched/output.py``)."""
+
+    num_scheduled_tokens: dict = field(default_factory=dict)  # request_id -> tokens this step, in batch order
+    scheduled_new_reqs: list = field(default_factory=list)  # admitted from waiting this step
+    scheduled_running_reqs: list = field(default_factory=list)  # were running already
+    preempted_req_ids: list = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class Scheduler:
+    """One token budget over ``running`` then ``waiting``, on a :class:`KVCacheManager`."""
+
+    def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 long_prefill_token_threshold: int = 0):
+        if not isinstance(kv_cache_manager, KVCacheManager):
+            raise PagedKVValueError(f"kv_cache_manager must be a pagedkv.v1.KVCacheManager, got "
+                                    f"{type(kv_cache_manager).__name__}.")
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, minimum=1)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
+        self.long_prefill_token_threshold = check_int("long_prefill_token_threshold", long_prefill_token_threshold,
+                                                      minimum=0)
+        self.requests: dict = {}  # request_id -> Request, every unfinished one
+        self.finished: dict = {}  # request_id -> its output token ids, in finishing order
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self.num_preemptions = 0
+        self.num_recomputed_tokens = 0  # computed tokens thrown away by preemptions (computed again later)
+
+    @property
+    def waiting(self) -> list:
+        return [r.request_id for r in self._waiting]
+
+    @property
+    def running(self) -> list:
+        return [r.request_id for r in self._running]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def add_request(self, request_id, prompt_token_ids, params, stop_token_ids=()) -> None:
+        """Queue a request at the back of ``waiting``. ``params``: an int ``max_tokens``, or ``SamplingParams``
+        with ``n == 1`` (the engine fans ``n > 1`` out into child requests first); sampling any of
+        ``stop_token_ids`` (or the params') finishes it."""
+        check_hashable("request_id", request_id)
+        if request_id in self.requests or request_id in self.finished:
+            raise DuplicateSequenceError(f"request {request_id!r} was already added; use a new request_id.")
+        tokens = check_token_ids("prompt_token_ids", prompt_token_ids)
+        if isinstance(params, SamplingParams):
+            if params.n != 1:
+                raise PagedKVValueError(f"the v1 scheduler runs one sequence per request, got n={params.n}; "
+                                        "LLMEngine(version='v1') fans n > 1 out into child requests.")
+            max_tokens, stop = params.max_tokens, set(params.stop_token_ids)
+        else:
+            max_tokens, stop = check_int("max_tokens", params, minimum=1), set()
+        stop |= set(check_token_ids("stop_token_ids", stop_token_ids, allow_empty=True))
+        request = Request(request_id, tokens, max_tokens, frozenset(stop))
+        self.requests[request_id] = request
+        self._waiting.append(request)
+
+    # ---------------------------------------------------------------- one step
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted_req_ids:  # vLLM admits nobody in a step that had to preempt
+            self._schedule_waiting(out, budget)
+        for request_id, num_tokens in out.num_scheduled_tokens.items():  # vLLM: _update_after_schedule
+            self.requests[request_id].num_computed_tokens += num_tokens
+        return out
+
+    def _chunk(self, request: Request, num_computed: int, budget: int) -> int:
+        """How many of the request's uncomputed tokens fit this step."""
+        num_new = request.num_tokens - num_computed
+        if 0 < self.long_prefill_token_threshold < num_new:
+            num_new = self.long_prefill_token_threshold
+        return min(num_new, budget)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self._running) and budget > 0:
+            request = self._running[i]
+            num_new = self._chunk(request, request.num_computed_tokens, budget)
+            while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+                victim = self._running.pop()  # FCFS: the latest arrival goes first
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            else:
+                out.num_scheduled_tokens[request.request_id] = num_new
+                out.scheduled_running_reqs.append(request.request_id)
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request itself was preempted: nobody after it runs either
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
+            request = self._waiting[0]
+            hits, num_cached = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = self._chunk(request, num_cached, budget)
+            if self.kv_cache_manager.allocate_slots(request, num_new, num_cached, hits) is None:
+                break
+            self._waiting.popleft()
+            request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_cached
+            request.num_cached_tokens = num_cached
+            self._running.append(request)
+            out.num_scheduled_tokens[request.request_id] = num_new
+            out.scheduled_new_reqs.append(request.request_id)
+            budget -= num_new
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Recompute: free its blocks, forget its computed tokens, put it at the front of ``waiting``."""
+        self.kv_cache_manager.free(request)
+        self.num_recomputed_tokens += request.num_computed_tokens
+        request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(request)
+        out.preempted_req_ids.append(request.request_id)
+        out.num_scheduled_tokens.pop(request.request_id, None)
+        for queue in (out.scheduled_running_reqs, out.scheduled_new_reqs):
+            if request.request_id in queue:
+                queue.remove(request.request_id)
+
+    def sampling_request_ids(self, out: SchedulerOutput) -> list:
+        """The scheduled requests whose chunk reaches the end of their tokens: they sample this step."""
+        return [r for r in out.num_scheduled_tokens
+                if self.requests[r].num_computed_tokens == self.requests[r].num_tokens]
+
+    def update_from_output(self, out: SchedulerOutput, sampled: dict) -> list:
+        """Append each sampled token; finish requests that hit ``max_tokens`` or a stop token. Returns the
+        request ids finished in this step."""
+        done = []
+        for request_id in self.sampling_request_ids(out):
+            request = self.requests[request_id]
+            token = sampled[request_id]
+            request.output_token_ids.append(token)
+            if len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids:
+                self.kv_cache_manager.free(request)
+                self._running.remove(request)
+                request.status = RequestStatus.FINISHED
+                self.finished[request_id] = list(request.output_token_ids)
+                del self.requests[request_id]
+                done.append(request_id)
+        return done
+
+    def finish_ignored(self, request_id) -> None:
+        """Finish a waiting request that can never fit, with the tokens it has (the engine warns)."""
+        request = self.requests.pop(request_id)
+        self._waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        self.finished[request_id] = list(request.output_token_ids)
+
+    def __repr__(self) -> str:
+        return (f"v1.Scheduler(running={self.running}, waiting={self.waiting}, "
+                f"budget={self.max_num_batched_tokens}, preemptions={self.num_preemptions})")
