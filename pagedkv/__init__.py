@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module only imports the ones above it in this list):
 sizing -> blocks -> prefix -> manager -> cache -> kernels -> paged_cache -> scheduler -> sim
--> sampling -> gguf_file, tokenizer (read by model) -> model -> output_processor -> engine -> decoding -> viz.
+-> sampling -> v1 -> gguf_file, tokenizer (read by model) -> model -> output_processor -> engine -> decoding -> viz.
 """
 
 from .blocks import BlockAllocator, FreeBlockQueue

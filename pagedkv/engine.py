@@ -47,6 +47,7 @@ class EngineStats:
     num_computed_tokens: int = 0  # tokens the model ran on (prefill and decode)
     num_cow_copies: int = 0  # copy-on-write block copies (a sequence group's first appends into shared blocks)
     num_ignored: int = 0  # requests that could never fit the pool: finished with the tokens they had
+    num_requests: int = 0  # requests added (v1: each child of a fanned-out n > 1 request counts)
 
 
 @dataclass
@@ -173,6 +174,7 @@ class LLMEngine:
         prompt = self.model.check_prompt("prompt_token_ids", prompt_token_ids)
         if self.version == "v1":
             return self._add_request_v1(request_id, prompt, params)
+        self.stats.num_requests += 1
         if isinstance(params, BeamSearchParams):  # EOS ends a beam in the processor, not in the scheduler
             self.scheduler.add_request(request_id, prompt, params.max_tokens, num_seqs=params.beam_width)
             self._processors[request_id] = Beams(request_id, prompt, params, self.model.config.eos_token_id)
@@ -194,6 +196,7 @@ class LLMEngine:
         children = [request_id] if params.n == 1 else [(request_id, i) for i in range(params.n)]
         for i, child in enumerate(children):
             self.scheduler.add_request(child, prompt, dataclasses.replace(params, n=1), stop)
+            self.stats.num_requests += 1
             self._processors[child] = Samples(child, prompt, params, stop | frozenset(params.stop_token_ids),
                                               index=None if params.n == 1 else i)
         if params.n > 1:

@@ -313,6 +313,41 @@ def _peak_blocks_alone():
     return engine.stats.peak_gpu_blocks
 
 
+
+# ------------------------------------------------------------ 11 vLLM today
+def _steps_to_first_token():
+    """v1, budget 256: 8 requests decoding, then a 1,000-token prompt arrives. Steps until its first token."""
+    from ..v1 import KVCacheManager, Scheduler
+
+    s = Scheduler(KVCacheManager(16, 512), max_num_batched_tokens=256)
+    for i in range(8):
+        s.add_request(i, [1, 2, 3], 50)
+    out = s.schedule()
+    s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
+    s.add_request("long", list(range(1000)), 1)
+    steps = 0
+    while "long" in s.requests:
+        out = s.schedule()
+        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
+        steps += 1
+    return steps
+
+
+def _tokens_run_on_a_full_hit():
+    """A 32-token prompt, block 16, fully cached: tokens the model runs on in v1, and in this course's v0."""
+    from ..manager import BlockSpaceManager
+    from ..v1 import KVCacheManager, Scheduler
+
+    s = Scheduler(KVCacheManager(16, 8))
+    for name in ("first", "again"):
+        s.add_request(name, list(range(32)), 1)
+        out = s.schedule()
+        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
+    v0 = BlockSpaceManager(16, 8, watermark=0.0, enable_prefix_caching=True)
+    v0.allocate("first", range(32))
+    v0.allocate("again", range(32))
+    return out.num_scheduled_tokens["again"], 32 - min(v0.num_cached_tokens("again"), 31)
+
 EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
                       hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
@@ -384,4 +419,10 @@ EXERCISES: dict[str, Exercise] = {
                       hint="count the full blocks made only of the shared 45 bytes."),
     "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,
                       hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
+    "11.E1": Exercise("steps to the first token", expected=_steps_to_first_token,
+                      hint="running requests go first: the eight decodes take 8 tokens of every step's budget; the "
+                           "prompt gets the rest, chunk after chunk, and samples in the step its chunk ends it."),
+    "11.E2": Exercise("(tokens run in v1, tokens run in v0)", expected=_tokens_run_on_a_full_hit,
+                      hint="v1 caps a hit at num_tokens - 1 and rounds down to whole blocks; v0 here reuses every "
+                           "cached block and runs only the last token."),
 }
