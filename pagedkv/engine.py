@@ -174,14 +174,15 @@ class LLMEngine:
         prompt = self.model.check_prompt("prompt_token_ids", prompt_token_ids)
         if self.version == "v1":
             return self._add_request_v1(request_id, prompt, params)
-        self.stats.num_requests += 1
         if isinstance(params, BeamSearchParams):  # EOS ends a beam in the processor, not in the scheduler
             self.scheduler.add_request(request_id, prompt, params.max_tokens, num_seqs=params.beam_width)
             self._processors[request_id] = Beams(request_id, prompt, params, self.model.config.eos_token_id)
+            self.stats.num_requests += 1
             return
         stop = self.model.stop_token_ids(params.ignore_eos) | frozenset(params.stop_token_ids)
         self.scheduler.add_request(request_id, prompt, params.max_tokens, stop, num_seqs=params.n)
         self._processors[request_id] = Samples(request_id, prompt, params, stop)
+        self.stats.num_requests += 1
 
     def _add_request_v1(self, request_id, prompt: list, params) -> None:
         """v1: one sequence per request; ``n > 1`` fans out into child requests ``(request_id, i)`` that share the
@@ -194,6 +195,9 @@ class LLMEngine:
             raise DuplicateSequenceError(f"request {request_id!r} was already added; use a new request_id.")
         stop = self.model.stop_token_ids(params.ignore_eos)
         children = [request_id] if params.n == 1 else [(request_id, i) for i in range(params.n)]
+        taken = [c for c in children if c in self.scheduler.requests or c in self.scheduler.finished]
+        if taken:
+            raise DuplicateSequenceError(f"request id {taken[0]!r} is in use already; use a new request_id.")
         for i, child in enumerate(children):
             self.scheduler.add_request(child, prompt, dataclasses.replace(params, n=1), stop)
             self.stats.num_requests += 1
