@@ -8,7 +8,9 @@ KV budget is a number of token slots.  Four policies share the loop:
 * ``reserve_pow2``: a contiguous chunk of the next power of two of the request's final length;
 * ``oracle``: a contiguous chunk of exactly prompt + true output length;
 * ``paged``: blocks from pagedkv's own ``BlockSpaceManager``, one more whenever the last is full
-  (with vLLM's preemption: the newest request is evicted and recomputed when a block is missing).
+  (with vLLM's preemption: the newest request is evicted and recomputed when a block is missing);
+* ``paged_v1``: the same blocks under vLLM today's scheduler (``pagedkv.v1``: one token budget, prompts
+  chunked when it runs out, recompute only; prefix caching off, as the paper measured).
 
 The contiguous policies use a first-fit allocator over slot addresses, so
 external fragmentation (free memory in holes too small to use) happens, it is
@@ -38,7 +40,7 @@ from .scheduler import Scheduler
 from .sizing import blocks_needed
 from .validate import check_choice, check_int
 
-POLICIES = ("reserve_max", "reserve_pow2", "oracle", "paged")
+POLICIES = ("reserve_max", "reserve_pow2", "oracle", "paged", "paged_v1")
 PARTS = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
 # Mean prompt / output lengths of the paper's datasets, and the log-normal spread we give them.
 WORKLOADS = {"sharegpt": (161.31, 337.99, 0.9), "alpaca": (19.31, 58.45, 0.6)}
@@ -226,11 +228,48 @@ def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostMo
                     scheduler.num_preemptions, scheduler.num_recomputed_tokens, scheduler.num_swapped_blocks)
 
 
+def _serve_paged_v1(pairs, budget: int, max_len: int, block_size: int, cost: CostModel, max_num_batched_tokens):
+    """vLLM v1-style serving: ``pagedkv.v1``'s Scheduler over a KVCacheManager. Yields _Step."""
+    from .v1 import KVCacheManager
+    from .v1 import Scheduler as V1Scheduler
+
+    manager = KVCacheManager(block_size, budget // block_size, enable_caching=False)
+    scheduler = V1Scheduler(manager, max(1, manager.num_gpu_blocks),
+                            max_num_batched_tokens or max(max_len, budget, manager.num_gpu_blocks))
+    for rid, (prompt_len, output_len) in enumerate(pairs):
+        scheduler.add_request(rid, [0] * prompt_len, output_len)
+    final_len = [prompt_len + output_len for prompt_len, output_len in pairs]
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        if out.is_empty and not scheduler.running:
+            raise PagedKVValueError(f"request {scheduler.waiting[0]} can never fit in {budget} token slots; give the "
+                                    "simulator a bigger budget_tokens or shorter requests.")
+        requests = scheduler.requests
+        tokens = filled = 0  # tokens with K/V this step; slots of their blocks that will hold a token one day
+        for request_id in scheduler.running:
+            n = requests[request_id].num_computed_tokens
+            tokens += n
+            block_end, final = n + (-n) % block_size, final_len[request_id]
+            filled += block_end if block_end < final else final
+        used = (manager.num_gpu_blocks - manager.num_free_blocks) * block_size
+        sampling = scheduler.sampling_request_ids(out)
+        decodes = sum(1 for r in sampling if out.num_scheduled_tokens[r] == 1 and requests[r].output_token_ids)
+        saturated = len(requests) > len(scheduler.running)
+        running = len(scheduler.running)
+        finished = len(scheduler.update_from_output(out, dict.fromkeys(sampling, 0)))
+        yield _Step(saturated, running, (tokens, filled - tokens, used - filled),
+                    cost.step_time(out.total_num_scheduled_tokens - decodes), finished,
+                    scheduler.num_preemptions, scheduler.num_recomputed_tokens, 0)
+
+
 def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requests: int = 1000,
              budget_tokens: int = PAPER_BUDGET_TOKENS, block_size: int = 16, max_len: int = 2048,
              lengths=None, progress: bool | None = None, record_history: bool = False,
-             preemption_mode: str = "recompute", watermark: float = 0.01, cost: CostModel = CostModel()) -> SimResult:
-    """Serve every request; measure memory while requests are waiting, weighting each step by its duration."""
+             preemption_mode: str = "recompute", watermark: float = 0.01, cost: CostModel = CostModel(),
+             max_num_batched_tokens: int | None = None) -> SimResult:
+    """Serve every request; measure memory while requests are waiting, weighting each step by its duration.
+
+    ``max_num_batched_tokens`` (``paged_v1`` only): v1's token budget; by default one that never chunks."""
     check_choice("policy", policy, POLICIES)
     for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_len", max_len),
                         ("num_requests", num_requests)):
@@ -242,8 +281,12 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
     if max_len > budget_tokens:
         raise PagedKVValueError(f"budget_tokens ({budget_tokens}) must hold at least one max_len ({max_len}) "
                                 "request.")
+    if max_num_batched_tokens is not None:
+        check_int("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
     if policy == "paged":
         steps = _serve_paged(pairs, budget_tokens, max_len, block_size, cost, preemption_mode, watermark)
+    elif policy == "paged_v1":
+        steps = _serve_paged_v1(pairs, budget_tokens, max_len, block_size, cost, max_num_batched_tokens)
     else:
         chunk_of = {"reserve_max": lambda n: max_len, "reserve_pow2": lambda n: 1 << (n - 1).bit_length(),
                     "oracle": lambda n: n}[policy]
@@ -305,5 +348,6 @@ def max_concurrent_requests(policy: str, budget_tokens: int = PAPER_BUDGET_TOKEN
     if request_len > max_len:
         raise PagedKVValueError(f"request_len ({request_len}) is longer than max_len ({max_len}).")
     per_request = {"reserve_max": max_len, "reserve_pow2": 1 << (request_len - 1).bit_length(),
-                   "oracle": request_len, "paged": blocks_needed(request_len, block_size) * block_size}
+                   "oracle": request_len, "paged": blocks_needed(request_len, block_size) * block_size,
+                   "paged_v1": blocks_needed(request_len, block_size) * block_size}
     return budget_tokens // per_request[check_choice("policy", policy, POLICIES)]

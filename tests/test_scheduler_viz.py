@@ -91,3 +91,26 @@ def test_scheduler_visualizer_refuses_bad_settings_at_construction():
     for bad in ({"num_gpu_blocks": 0.5}, {"preemption_mode": "drop"}, {"block_size": -1}):
         with pytest.raises(PagedKVError):
             SchedulerVisualizer(**bad)
+
+
+def test_the_v1_mode_chunks_prompts_under_its_budget_and_draws_chunks_as_partial_bars():
+    """Issue #26: the scheduler visualizer and the timelines gain vLLM v1's scheduler."""
+    viz = SchedulerVisualizer(version="v1", num_gpu_blocks=12, block_size=4, num_requests=0,
+                              max_num_batched_tokens=6)
+    viz.add_request(14, 3)
+    viz.add_request(2, 3)
+    assert viz.step() == 1 and viz.message.startswith("step 0:  budget 6/6 tokens: r0 6 of 14")
+    viz.step(10)
+    assert viz.timeline.row("r0").startswith("ppP")  # two chunks, then the last one samples
+    assert "p chunk" in str(viz.timeline) and "v1: running" in viz.status_text()
+    assert len(viz.scheduler.finished) == 2 and viz.manager.num_free_blocks == 12
+    ax = draw_timeline(viz.timeline)
+    heights = sorted({round(p.get_height(), 2) for p in ax.patches})
+    assert heights == [0.42, 0.85]  # chunks are half-height prefill bars
+    viz.mode.value = "swap"
+    viz.buttons["reset"].click()
+    assert viz.settings["version"] == "v0" and viz.scheduler.preemption_mode.value == "swap"
+    viz.mode.value = "v1"
+    viz.buttons["reset"].click()
+    assert viz.settings["version"] == "v1" and viz.status_text().startswith("v1")
+    assert viz.reset(version="v2") is False and "version" in viz.message

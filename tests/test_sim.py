@@ -86,3 +86,18 @@ def test_first_fit_merges_holes():
 def test_max_concurrent_requests():
     assert max_concurrent_requests("reserve_max") == 15_700 // 2048
     assert max_concurrent_requests("paged", request_len=500) == 15_700 // 512
+
+
+def test_the_v1_policy_serves_everything_by_recompute_with_paged_memory():
+    """Issue #26: the simulator runs vLLM v1's scheduler too (one budget, chunks, recompute only)."""
+    from pagedkv.sim import simulate
+
+    v0 = simulate("paged", "sharegpt", num_requests=150, budget_tokens=4096, progress=False)
+    v1 = simulate("paged_v1", "sharegpt", num_requests=150, budget_tokens=4096, progress=False)
+    chunked = simulate("paged_v1", "sharegpt", num_requests=150, budget_tokens=4096, progress=False,
+                       max_num_batched_tokens=256)
+    for r in (v1, chunked):
+        assert abs(sum(r.breakdown.values()) - 1) < 1e-9 and r.swapped_blocks == 0
+        assert r.breakdown["token_states"] > 0.9 and r.preemptions > 0 and r.recomputed_tokens > 0
+    assert abs(v1.breakdown["token_states"] - v0.breakdown["token_states"]) < 0.03  # the same blocks
+    assert chunked.steps > v1.steps  # a 256-token budget spreads prompts over more steps

@@ -1,5 +1,9 @@
 """A companion to the block-table visualizer: step a ``Scheduler`` and watch its queues and blocks.
 
+``version="v0"`` steps the paper's scheduler (prefills and decodes, swap or recompute); ``version="v1"`` steps
+vLLM today's (``pagedkv.v1``: one token budget, prompts chunked, recompute only), whose chunks the timeline
+draws as half-height prefill bars.
+
 Plain methods first (``step``, ``add_request``, ``reset``, ``status_text``), so
 tests drive it without a browser; the buttons only call them.  Requests are
 served by a stand-in model (a deterministic function of the tokens so far):
@@ -17,7 +21,9 @@ import matplotlib.pyplot as plt
 from ..errors import PagedKVError, PagedKVValueError
 from ..manager import BlockSpaceManager
 from ..scheduler import Scheduler
-from ..validate import check_int
+from ..v1 import KVCacheManager
+from ..v1 import Scheduler as V1Scheduler
+from ..validate import check_choice, check_int
 from .block_map import draw_block_map
 from .timeline import Timeline, draw_timeline
 
@@ -32,10 +38,12 @@ class SchedulerVisualizer:
 
     def __init__(self, *, num_gpu_blocks: int = 12, block_size: int = 4, num_cpu_blocks: int = 8,
                  preemption_mode: str = "recompute", watermark: float = 0.0, num_requests: int = 5,
-                 max_num_seqs: int = 8, seed: int = 0):
+                 max_num_seqs: int = 8, seed: int = 0, version: str = "v0", max_num_batched_tokens: int = 16):
+        """``max_num_batched_tokens`` is v1's budget (small, so chunks show); v0 here admits whole prompts."""
         self.settings = dict(num_gpu_blocks=num_gpu_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                              preemption_mode=preemption_mode, watermark=watermark, num_requests=num_requests,
-                             max_num_seqs=max_num_seqs, seed=seed)
+                             max_num_seqs=max_num_seqs, seed=seed, version=version,
+                             max_num_batched_tokens=max_num_batched_tokens)
         self._displayed = False
         if not self.reset():
             raise PagedKVValueError(self.message.removeprefix("reset failed: "))
@@ -51,9 +59,7 @@ class SchedulerVisualizer:
             if unknown:
                 raise PagedKVValueError(f"unknown settings {unknown}; use {sorted(self.settings)}.")
             check_int("num_requests", new["num_requests"], minimum=0)
-            manager = BlockSpaceManager(new["block_size"], new["num_gpu_blocks"], new["num_cpu_blocks"],
-                                        new["watermark"])
-            scheduler = Scheduler(manager, new["max_num_seqs"], max(64, new["max_num_seqs"]), new["preemption_mode"])
+            manager, scheduler = self._make(new)
         except PagedKVError as error:
             self.message = f"reset failed: {error}"
             if hasattr(self, "output"):
@@ -62,11 +68,24 @@ class SchedulerVisualizer:
         self.settings, self.manager, self.scheduler = new, manager, scheduler
         self.rng = random.Random(new["seed"])
         self.timeline, self.last, self.message, self._next_id = Timeline(), None, "", 0
+        self.last_chunks: dict = {}
         for _ in range(new["num_requests"]):
             self.add_request()
         if hasattr(self, "output"):
             self.refresh()
         return True
+
+    @staticmethod
+    def _make(s: dict):
+        if check_choice("version", s["version"], ("v0", "v1")) == "v1":
+            manager = KVCacheManager(s["block_size"], s["num_gpu_blocks"])
+            return manager, V1Scheduler(manager, s["max_num_seqs"], s["max_num_batched_tokens"])
+        manager = BlockSpaceManager(s["block_size"], s["num_gpu_blocks"], s["num_cpu_blocks"], s["watermark"])
+        return manager, Scheduler(manager, s["max_num_seqs"], max(64, s["max_num_seqs"]), s["preemption_mode"])
+
+    @property
+    def is_v1(self) -> bool:
+        return self.settings["version"] == "v1"
 
     def add_request(self, prompt_len: int | None = None, max_tokens: int | None = None):
         """Queue a request (random lengths unless given); returns its id, or None if it was refused."""
@@ -95,8 +114,14 @@ class SchedulerVisualizer:
             out = self.scheduler.schedule()
             self.timeline.record(self.scheduler, out)
             self.last = out
-            self.scheduler.update(out, {r: stand_in_model(self.scheduler.requests[r].token_ids)
-                                        for r in out.scheduled})
+            if self.is_v1:
+                self.last_chunks = {r: (n, self.scheduler.requests[r].num_tokens)
+                                    for r, n in out.num_scheduled_tokens.items()}
+                self.scheduler.update_from_output(out, {r: stand_in_model(self.scheduler.requests[r].all_token_ids)
+                                                        for r in self.scheduler.sampling_request_ids(out)})
+            else:
+                self.scheduler.update(out, {r: stand_in_model(self.scheduler.requests[r].token_ids)
+                                            for r in out.scheduled})
             ran += 1
         self.message = self.step_summary() if ran else "every request has finished: add one, or reset"
         if hasattr(self, "output"):
@@ -108,6 +133,8 @@ class SchedulerVisualizer:
         if out is None:
             return "no step yet"
         parts = [f"step {len(self.timeline.steps) - 1}:"]
+        if self.is_v1:
+            return "  ".join(parts + self._v1_summary(out))
         if out.prefills:
             parts.append("prefill " + ", ".join(f"{r} ({len(t)} tokens)" for r, t in out.prefills))
         if out.decodes:
@@ -121,7 +148,22 @@ class SchedulerVisualizer:
             parts.append("ignored " + ", ".join(map(str, out.ignored)))
         return "  ".join(parts)
 
+    def _v1_summary(self, out) -> list[str]:
+        """v1: each request's share of the budget, e.g. ``r3 8 of 20``, then who was preempted."""
+        shares = [f"{r} {n}" + (f" of {total}" if n > 1 else "") for r, (n, total) in self.last_chunks.items()]
+        parts = [f"budget {out.total_num_scheduled_tokens}/{self.scheduler.max_num_batched_tokens} tokens: "
+                 + ", ".join(shares)] if shares else []
+        if out.preempted_req_ids:
+            parts.append("PREEMPTED " + ", ".join(f"{r} (recompute)" for r in out.preempted_req_ids))
+        return parts
+
     def status_text(self) -> str:
+        if self.is_v1:
+            s, kv = self.scheduler, self.manager
+            return (f"v1: running {s.running}  waiting {s.waiting}  finished {len(s.finished)}\n"
+                    f"GPU blocks {kv.num_gpu_blocks - kv.num_free_blocks}/{kv.num_gpu_blocks} used (no CPU pool: "
+                    f"v1 only recomputes); preemptions {s.num_preemptions}, tokens recomputed "
+                    f"{s.num_recomputed_tokens}")
         s, m = self.scheduler, self.manager
         used = m.num_total_gpu_blocks - m.num_free_gpu_blocks
         return (f"running {s.running}  waiting {s.waiting}  swapped {s.swapped}  finished {len(s.finished)}\n"
@@ -138,8 +180,9 @@ class SchedulerVisualizer:
                                ("reset", lambda _: self._reset_from_controls())):
             self.buttons[label] = w.Button(description=label, layout=w.Layout(width="110px"))
             self.buttons[label].on_click(handler)
-        self.mode = w.Dropdown(options=["recompute", "swap"], value=self.settings["preemption_mode"],
-                               description="preemption", layout=w.Layout(width="220px"))
+        modes = [("v0, recompute", "recompute"), ("v0, swap", "swap"), ("v1 (chunked, recompute)", "v1")]
+        self.mode = w.Dropdown(options=modes, value="v1" if self.is_v1 else self.settings["preemption_mode"],
+                               description="scheduler", layout=w.Layout(width="260px"))
         self.gpu_blocks = w.BoundedIntText(value=self.settings["num_gpu_blocks"], min=1, max=256,
                                            description="GPU blocks", layout=w.Layout(width="170px"))
         self.status_html, self.message_html, self.output = w.HTML(), w.HTML(), w.Output()
@@ -147,7 +190,9 @@ class SchedulerVisualizer:
                               self.message_html, self.status_html, self.output])
 
     def _reset_from_controls(self) -> None:
-        self.reset(preemption_mode=self.mode.value, num_gpu_blocks=self.gpu_blocks.value)
+        v1 = self.mode.value == "v1"
+        self.reset(version="v1" if v1 else "v0", preemption_mode="recompute" if v1 else self.mode.value,
+                   num_gpu_blocks=self.gpu_blocks.value)
 
     def refresh(self) -> None:
         self.status_html.value = f"<pre class='pagedkv-status'>{html.escape(self.status_text())}</pre>"

@@ -14,6 +14,7 @@ from matplotlib.patches import Patch
 # state -> (letter in the text grid, colour, words for the key)
 STATES = {
     "prefill": ("P", "#0072B2", "prefill (prompt K/V computed)"),
+    "chunk": ("p", "#9ECAE1", "part of a prefill (v1: a chunk, no token yet)"),
     "decode": ("D", "#56B4E9", "decode (one token)"),
     "waiting": (".", "#E0E0E0", "waiting"),
     "swapped": ("S", "#E69F00", "swapped out to CPU"),
@@ -31,13 +32,31 @@ class Timeline:
     steps: list = field(default_factory=list)  # one {request_id: state} per step
 
     def record(self, scheduler, out) -> None:
-        """Call right after ``scheduler.schedule()``: reads the queues and the step's outputs."""
+        """Call right after ``scheduler.schedule()`` (v0's or v1's): reads the queues and the step's outputs."""
+        if hasattr(out, "num_scheduled_tokens"):
+            return self._record_v1(scheduler, out)
         states = dict.fromkeys(scheduler.waiting, "waiting")
         states.update(dict.fromkeys(scheduler.swapped, "swapped"))
         states.update({request_id: "prefill" for request_id, _ in out.prefills})
         states.update(dict.fromkeys(out.decodes, "decode"))
         states.update(dict.fromkeys(out.preempted, "preempted"))
         states.update(dict.fromkeys(out.ignored, "ignored"))
+        self._append(scheduler, states)
+
+    def _record_v1(self, scheduler, out) -> None:
+        """v1 has no phases: a request whose chunk ends its tokens samples (a decode, or a prefill's last
+        chunk); one whose chunk does not is part-way through its prompt."""
+        states = dict.fromkeys(scheduler.waiting, "waiting")
+        for request_id, num_tokens in out.num_scheduled_tokens.items():
+            request = scheduler.requests[request_id]
+            if request.num_computed_tokens < request.num_tokens:
+                states[request_id] = "chunk"
+            else:
+                states[request_id] = "decode" if num_tokens == 1 and request.output_token_ids else "prefill"
+        states.update(dict.fromkeys(out.preempted_req_ids, "preempted"))
+        self._append(scheduler, states)
+
+    def _append(self, scheduler, states: dict) -> None:
         for request_id in [*scheduler.requests, *states]:  # rows in order of arrival
             if request_id in states and request_id not in self.requests:
                 self.requests.append(request_id)
@@ -48,7 +67,7 @@ class Timeline:
 
     def finished_at(self, request_id) -> int | None:
         """The last step the request ran in (None if it never ran)."""
-        ran = [i for i, s in enumerate(self.steps) if s.get(request_id) in ("prefill", "decode")]
+        ran = [i for i, s in enumerate(self.steps) if s.get(request_id) in ("prefill", "chunk", "decode")]
         return ran[-1] if ran else None
 
     def __str__(self) -> str:
@@ -67,8 +86,10 @@ def draw_timeline(timeline: Timeline, ax=None, title: str | None = None):
         _, ax = plt.subplots(figsize=(min(12, 2 + 0.22 * len(timeline.steps)), 0.9 + 0.32 * len(timeline.requests)))
     for y, request_id in enumerate(timeline.requests):
         for x, states in enumerate(timeline.steps):
-            if request_id in states:
-                ax.add_patch(plt.Rectangle((x, y), 1, 0.85, color=STATES[states[request_id]][1], lw=0))
+            if request_id in states:  # a v1 chunk is a half-height (partial) prefill bar
+                height = 0.42 if states[request_id] == "chunk" else 0.85
+                ax.add_patch(plt.Rectangle((x, y + 0.85 - height), 1, height, color=STATES[states[request_id]][1],
+                                           lw=0))
     num_steps = max(1, len(timeline.steps))
     every = max(1, -(-num_steps // 20))  # at most ~20 labelled steps, at the cells' centres
     ax.set_xlim(0, num_steps)
