@@ -96,14 +96,23 @@ def visualize(port: int, open_browser: bool) -> int:
 
     if importlib.util.find_spec("voila") is None:
         return fail("the visualizer app needs Voila: pip install -e '.[viz]' in the checkout (or run make visualizer).")
-    app = Path(__file__).parent / "viz" / "app.ipynb"
-    command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
-               "--show_tracebacks=False"]
-    if not open_browser:
-        command.append("--no-browser")
     print(f"pagedkv visualizer: http://127.0.0.1:{port}/  (Ctrl-C stops it)", flush=True)
     os.environ.setdefault("PAGEDKV_QUIET", "1")
-    os.execv(sys.executable, command)  # Voila replaces this process: Ctrl-C and signals reach it directly
+    command = voila_command(port, open_browser)
+    os.execv(command[0], command)  # Voila replaces this process: Ctrl-C and signals reach it directly
+
+
+CULL_IDLE_SECONDS = 300  # a page's kernel (~480 MB) is shut down this long after its tab closed
+
+
+def voila_command(port: int, open_browser: bool) -> list[str]:
+    """Voila on 127.0.0.1 only; every page load starts a kernel, so kernels left idle with no page connected
+    are culled after ``CULL_IDLE_SECONDS`` (checked every minute)."""
+    app = Path(__file__).parent / "viz" / "app.ipynb"
+    command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
+               "--show_tracebacks=False", f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}",
+               "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_connected=False"]
+    return command if open_browser else command + ["--no-browser"]
 
 
 def main(argv=None) -> int:

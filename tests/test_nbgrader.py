@@ -24,10 +24,7 @@ pytest.importorskip("nbgrader")
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOLUTIONS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 ASSIGNMENT = "pagedkv"
-CONFIG = f"""c = get_config()
-c.CourseDirectory.course_id = "{ASSIGNMENT}"
-c.Execute.timeout = 120
-"""
+CONFIG = (NOTEBOOKS / "nbgrader_config.py").read_text()  # the file the instructor guide says to copy
 
 # One plausible mistake per notebook: (the solution line, the wrong line).
 WRONG = {
@@ -64,6 +61,8 @@ def nbgrader(course: Path, *args, kernels: Path | None = None):
 def finish(process, what):
     process.wait(timeout=900)
     assert process.returncode == 0, f"nbgrader {what} failed:\n{process.log.read_text()[-4000:]}"
+    # nbgrader goes on with its defaults when the config file fails: that must fail here
+    assert "Exception while loading config" not in process.log.read_text(), process.log.read_text()[:2000]
 
 
 def graded_cells(path):
@@ -138,6 +137,7 @@ def test_released_notebooks_hold_no_answers(graded):
         assert "YOUR CODE HERE" in text and '"outputs": []' in text, path.name
         cells = json.loads(text)["cells"]
         assert not any(c.get("outputs") for c in cells), path.name  # no stored output shows a value
+        assert "widgets" not in json.loads(text)["metadata"], path.name  # nor widget state (08 stores some)
 
 
 def test_blank_submission_scores_zero(graded):

@@ -220,3 +220,44 @@ def test_a_beam_search_too_big_for_the_pool_is_refused_with_its_numbers():
     before = v.snapshot()
     assert not v.beam_step(6) and "need up to 6 blocks of 4, more than the pool's 4" in v.message
     assert v.snapshot() == before and v.engine is None
+
+
+def test_a_sequence_keeps_its_colour_and_the_map_its_scale_while_the_pool_is_the_same():
+    """Issue #29: freeing a sequence recoloured the others, and the map rescaled between clicks."""
+    from pagedkv.viz.block_map import PALETTE
+
+    v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4)
+    v._displayed = True
+    a, b, c = v.add_sequence(5), v.add_sequence(5), v.add_sequence(5)
+    colours, extent = dict(v._colors), v._extent
+    assert v.free(a) and v._colors[b] == colours[b] and v._colors[c] == colours[c]
+    d = v.add_sequence(3)
+    assert v._colors[d] not in (colours[b], colours[c]) and v._colors[d] in PALETTE
+    assert v.append(b, 2) and v._extent == extent  # same pool: same limits, so the same cell size
+    plt.close("all")
+
+
+def test_same_prompt_starts_with_the_previous_sequences_prompt():
+    """Issue #29: "same prompt" shared a prefix only when ticked for both sequences."""
+    v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4, enable_prefix_caching=True)
+    first = v.add_sequence(9)
+    second = v.add_sequence(6, reuse_prompt=True)
+    assert v.manager.get_token_ids(second) == v.manager.get_token_ids(first)[:6]
+    assert v.manager.num_cached_tokens(second) == 4  # its one full block was the first's
+    third = v.add_sequence(10, reuse_prompt=True)
+    assert v.manager.get_token_ids(third)[:6] == v.manager.get_token_ids(second)
+
+
+def test_a_large_pool_is_a_wide_grid():
+    from pagedkv.viz.block_map import _grid_columns
+
+    assert _grid_columns(24) == 7 and _grid_columns(128) == 16 and _grid_columns(1024) == 46
+
+
+def test_the_app_culls_idle_kernels():
+    """Issue #29: every page load started a ~480 MB kernel that outlived its tab."""
+    from pagedkv.__main__ import CULL_IDLE_SECONDS, voila_command
+
+    command = voila_command(8866, open_browser=False)
+    assert f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}" in command
+    assert "--Voila.ip=127.0.0.1" in command and command[-1] == "--no-browser"

@@ -41,7 +41,9 @@ def seq_colors(state: ManagerState, keep: dict | None = None) -> dict:
 
 
 def _grid_columns(num_blocks: int) -> int:
-    return max(1, min(16, math.ceil(math.sqrt(num_blocks * 2))))
+    """About twice as wide as tall; at most 16 columns while cells carry labels (up to 128 blocks), 64 after,
+    so a large pool is a wide grid rather than a thin column."""
+    return max(1, min(16 if num_blocks <= 128 else 64, math.ceil(math.sqrt(num_blocks * 2))))
 
 
 def _block_refs(name: str, refs) -> set:
@@ -89,7 +91,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     table_rows = len(state.tables) if show_tables else 0
     longest = max((len(t) for t in state.tables.values()), default=0)
     width = max(sum(cols.values()) + len(pools) - 1, (longest if labels else longest / 2 + 2) if table_rows else 0, 4)
-    height = max(rows.values(), default=1) + (table_rows + 1.5 if table_rows else 0)
+    pitch = 1 if labels else max(1, round(width / 32))  # a wide unlabelled map: taller table rows, so names fit
+    height = max(rows.values(), default=1) + (table_rows * pitch + 1.5 if table_rows else 0)
     if ax is None:
         _, ax = plt.subplots(figsize=(min(0.55 * width + 1, 16), min(0.55 * height + 1.2, 14)))
 
@@ -106,7 +109,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
             outlines.add(x, y, CELL, CELL, color, 0.6 if color == EDGE else 2.2)
         x0 += cols[device] + 1
     if table_rows:
-        _tables(ax, state, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels)
+        _tables(ax, state, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels, pitch)
     ax.add_collection(fills.collection(zorder=1))
     ax.add_collection(outlines.collection(zorder=3, filled=False))
     ax.add_collection(table_edges.collection(zorder=3, filled=False))
@@ -167,19 +170,19 @@ def _cell(ax, b, x, y, block_size, colors, fills, labels):
         ax.text(x + 0.45, y + 0.86, b.block_hash[:4], fontsize=8, ha="center", color="#333333", zorder=4)
 
 
-def _tables(ax, state, colors, top, fills, outlines, labels):
+def _tables(ax, state, colors, top, fills, outlines, labels, pitch=1):
     """One row per sequence: entry i is the physical block of logical block i ('c': a CPU block)."""
     ax.text(0, top - 0.35, "block tables", fontsize=9, weight="bold")
     for r, (seq, table) in enumerate(state.tables.items()):
-        y = top + r
+        y = top + r * pitch
         on_cpu = state.seq_devices[seq] == "cpu"
         count = "" if labels else f" ({len(table)})"  # large maps: no ids, so say how many entries
-        ax.text(-0.1, y + 0.5, f"seq {seq_name(seq)}{count}", ha="right", va="center", fontsize=9)
+        ax.text(-0.1, y + 0.5 * pitch, f"seq {seq_name(seq)}{count}", ha="right", va="center", fontsize=9)
         suffix = "c" if on_cpu else ""
         color = _lighter(colors[seq], 0.5) if on_cpu else colors[seq]
         if not labels:  # large maps: a thin coloured bar per entry (text is slow to render)
             for i in range(len(table)):
-                fills.add(i * 0.5, y + 0.3, 0.45, 0.4, color)
+                fills.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, color)
             continue
         for i, block_id in enumerate(table):
             fills.add(i, y + 0.1, CELL, 0.8, color)

@@ -88,6 +88,8 @@ class BlockTableVisualizer:
         self.beam: GroupDecoding | None = None
         self.beam_output = None  # the last finished beam search's RequestOutput
         self._colors: dict = {}  # seq_id -> colour, kept from drawing to drawing
+        self._last_prompt: list = []  # what "same prompt" repeats
+        self._extent = None  # the map's axis limits, which only grow while the pool stays the same
         self._next_name = 0
 
     @property
@@ -124,8 +126,12 @@ class BlockTableVisualizer:
             self._next_name += 1
 
     def _prompt(self, length: int, reuse: bool) -> list[int]:
-        """``reuse``: the same tokens every time (so prefix caching hits); else fresh random ones."""
-        return list(range(length)) if reuse else [self.rng.randrange(1000, 32000) for _ in range(length)]
+        """``reuse``: start with the previous sequence's prompt (so prefix caching can hit its full blocks),
+        cut to ``length`` or continued with fresh tokens; else fresh random tokens."""
+        start = self._last_prompt[:length] if reuse else []
+        prompt = start + [self.rng.randrange(1000, 32000) for _ in range(length - len(start))]
+        self._last_prompt = prompt
+        return prompt
 
     def add_sequence(self, prompt_len: int = 6, reuse_prompt: bool = False):
         name = self._name()
@@ -268,7 +274,10 @@ class BlockTableVisualizer:
         w = widgets
         self.prompt_len = w.BoundedIntText(value=6, min=1, max=4096, description="prompt len",
                                            layout=w.Layout(width="170px"))
-        self.reuse = w.Checkbox(value=False, description="same prompt", indent=False, layout=w.Layout(width="120px"))
+        self.reuse = w.Checkbox(value=False, description="same prompt as the last", indent=False,
+                                layout=w.Layout(width="170px"),
+                                tooltip="start with the previous sequence's prompt: with prefix caching on, its full "
+                                        "blocks are shared")
         self.num_tokens = w.BoundedIntText(value=1, min=1, max=4096, description="k tokens",
                                            layout=w.Layout(width="160px"))
         self.seq_menu = w.Dropdown(options=[], description="sequence", layout=w.Layout(width="200px"))
@@ -343,10 +352,22 @@ class BlockTableVisualizer:
             return
         with self.output:
             self.output.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(9, min(3.4 + 0.3 * len(state.tables), 12)))  # room for every table
+            fig, ax = plt.subplots(figsize=(9, 6))
             self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
             draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
+            self._keep_scale(ax)
             plt.show()
+
+    def _keep_scale(self, ax) -> None:
+        """Room for at least 8 block tables of 12 entries: the cells keep their size from click to click, until
+        the content outgrows that (the limits only grow; a reset starts again)."""
+        (x0, x1), (y1, y0) = ax.get_xlim(), ax.get_ylim()  # y is inverted: row 0 at the top
+        x1, y1 = max(x1, 12.2), max(y1, y0 + 8 + (y1 - y0 - len(self.manager.seq_ids)))
+        if self._extent:
+            x1, y1 = max(x1, self._extent[0]), max(y1, self._extent[1])
+        self._extent = (x1, y1)
+        ax.set_xlim(x0, x1)
+        ax.set_ylim(y1, y0)
 
     def _ipython_display_(self):
         from IPython.display import display
