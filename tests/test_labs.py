@@ -187,3 +187,17 @@ def test_visualize_refuses_a_port_that_is_not_one(port, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["visualize", "--port", port, "--no-browser"])
     assert exit_.value.code == 2 and "is not a TCP port: use a number from 1 to 65535" in capsys.readouterr().err
+
+
+def test_a_failed_check_while_grading_shows_only_its_message():
+    """Issue #29: nbgrader's feedback showed a 7-frame traceback through check.py before the message."""
+    from pagedkv.labs.check import CheckFailed
+
+    check.grading()
+    try:
+        with pytest.raises(CheckFailed) as failure:
+            check.exercise("02.E1", 0)
+    finally:
+        check.grading(False)
+    assert failure.value._render_traceback_() == [f"AssertionError: {failure.value}"]
+    assert str(failure.value).startswith("[not yet] 02.E1")

@@ -89,9 +89,17 @@ def type_note(got, expected) -> str:
     return f" (you gave a {_kind(got)} where a {_kind(expected)} was asked: the values are what count)"
 
 
+class CheckFailed(AssertionError):
+    """A wrong answer while grading. IPython (and so nbgrader's feedback) shows just its message, not the frames
+    of this module it was raised in."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"AssertionError: {self}"]
+
+
 def _fail(message: str, key: str | None) -> None:
     if _grading:
-        raise AssertionError(message)
+        raise CheckFailed(message)
     print(message + (f" Stuck? check.reveal({key!r}) shows the answer." if key else ""))
 
 
