@@ -273,8 +273,10 @@ def run_python(code, **env):
 
 @pytest.mark.skipif(ON_GPU, reason="checks the no-GPU path")
 def test_simulator_switches_on_by_itself_and_says_so():
+    """Switched on at import; said (with the reason) when a CUDA kernel first runs, see the tests below."""
     r = run_python("import pagedkv, numba.cuda as c; from numba.cuda.core import config; "
-                   "print(pagedkv.CUDA_MODE.simulator, bool(config.ENABLE_CUDASIM))")
+                   "print(pagedkv.CUDA_MODE.simulator, bool(config.ENABLE_CUDASIM)); "
+                   "pagedkv.kernels.backend.announce_simulator()")
     assert r.stdout.split() == ["True", "True"]
     assert "simulator" in r.stderr and "no NVIDIA driver" in r.stderr
 
@@ -345,10 +347,22 @@ def test_fp64_detector():
 
 @pytest.mark.skipif(ON_GPU, reason="checks the no-GPU path")
 def test_child_processes_detect_afresh():
-    """A notebook kernel started from a process that imported pagedkv still announces the simulator."""
-    r = run_python("import os, subprocess, sys, pagedkv; "
-                   "subprocess.run([sys.executable, '-c', 'import pagedkv'], check=True)")
+    """A notebook kernel started from a process that imported pagedkv still announces the simulator (once per
+    process, when a CUDA kernel is first launched: importing pagedkv says nothing, issue #27)."""
+    announce = "from pagedkv.kernels.backend import announce_simulator; announce_simulator(); announce_simulator()"
+    r = run_python(f"import subprocess, sys, pagedkv; {announce}; "
+                   f"subprocess.run([sys.executable, '-c', 'import pagedkv; {announce}'], check=True)")
     assert r.stderr.count("numba.cuda kernels run in numba's CUDA simulator") == 2
+    assert "simulator" not in run_python("import pagedkv").stderr
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the no-GPU path")
+def test_the_first_cuda_launch_says_the_simulator_runs_it():
+    r = run_python("import torch, pagedkv; from pagedkv import paged_attention; "
+                   "q = torch.ones(1, 1, 4); k = torch.ones(2, 4, 1, 4); "
+                   "t = torch.tensor([[0]], dtype=torch.int32); n = torch.tensor([3], dtype=torch.int32); "
+                   "[paged_attention(q, k, k, t, n, backend='cuda') for _ in range(2)]")
+    assert r.stderr.count("numba.cuda kernels run in numba's CUDA simulator") == 1
 
 
 @cuda.jit

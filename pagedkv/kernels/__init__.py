@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .backend import configure_cuda_mode
 
-CUDA_MODE = configure_cuda_mode()
+CUDA_MODE = configure_cuda_mode(announce=False)  # said at the first CUDA launch (backend.announce_simulator)
 
 from .cpu import paged_attention_cpu  # noqa: E402  (must come after the mode is set)
 from .cuda import paged_attention_cuda  # noqa: E402

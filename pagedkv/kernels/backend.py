@@ -95,8 +95,21 @@ def configure_cuda_mode(announce: bool = True) -> CudaMode:
                       f"({'the simulator' if imported else 'real GPU mode'}) until Python restarts; pagedkv wanted: "
                       f"{mode.describe()}. Fix: import pagedkv before numba.cuda, or set NUMBA_ENABLE_CUDASIM="
                       f"{int(mode.simulator)} before starting Python.", RuntimeWarning, stacklevel=2)
-    elif announce and mode.simulator and user_value is None and not os.environ.get("PAGEDKV_QUIET"):
-        # In a notebook a plain line (stderr would show in a pink error box); in a terminal, stderr.
-        print(f"pagedkv: no CUDA GPU ({mode.reason}); numba.cuda kernels run in numba's CUDA simulator.",
-              file=sys.stdout if "ipykernel" in sys.modules else sys.stderr)
+    elif mode.simulator and user_value is None:
+        _pending_notice.append(mode.reason)
+        if announce:
+            announce_simulator()
     return mode
+
+
+_pending_notice: list = []  # the reason pagedkv switched the simulator on, until it has been said once
+
+
+def announce_simulator() -> None:
+    """Say once per process that numba.cuda kernels run in the simulator, and why; pagedkv calls it when a CUDA
+    kernel is first launched, so only notebooks that use one show it (``PAGEDKV_QUIET=1`` silences it)."""
+    if _pending_notice and not os.environ.get("PAGEDKV_QUIET"):
+        # In a notebook a plain line (stderr would show in a pink error box); in a terminal, stderr.
+        print(f"pagedkv: no CUDA GPU ({_pending_notice[0]}); numba.cuda kernels run in numba's CUDA simulator.",
+              file=sys.stdout if "ipykernel" in sys.modules else sys.stderr)
+    _pending_notice.clear()

@@ -45,7 +45,7 @@ import torch
 from numba import cuda, float32
 
 from ..errors import PagedKVValueError
-from .backend import CudaMode
+from .backend import CudaMode, announce_simulator
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -353,6 +353,7 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
                          partition_size: int | None = None, flavour: str | None = None,
                          num_threads: int | None = None) -> torch.Tensor:
     """Launch v1 or v2 (arguments already validated; ``shape`` is their AttentionShape)."""
+    announce_simulator()
     flavour = flavour or _default_flavour(shape, query.dtype, mode.simulator)
     if flavour == "shuffle" and mode.simulator:
         raise PagedKVValueError("the 'shuffle' kernel needs a real GPU (the simulator has no warp shuffles); "
