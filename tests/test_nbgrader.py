@@ -33,7 +33,7 @@ WRONG = {
     "03": ("e1_copies = [(1, 2)]", "e1_copies = [(1, 2), (1, 3)]"),  # a copy for the fresh block too
     "04": ("e2 = (1, 5)", "e2 = (3, 5)"),  # pruning frees every block of the beam
     "05": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
-    "06": ("e2_chunk = 1024", "e2_chunk = 512"),  # rounded down
+    "06": ("e2_never = 1 - (513 + 1024) / 2 / 1024", "e2_never = (1024 - 513) / 1024"),  # the worst case
     "07": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
     "08": ("e2_table = [3, 4]", "e2_table = [2, 3]"),  # forgot the copy-on-write
     "09": ('e1_victim = "q2"', 'e1_victim = "q4"'),  # the oldest instead of the newest

@@ -110,6 +110,9 @@ def announce_simulator() -> None:
     kernel is first launched, so only notebooks that use one show it (``PAGEDKV_QUIET=1`` silences it)."""
     if _pending_notice and not os.environ.get("PAGEDKV_QUIET"):
         # In a notebook a plain line (stderr would show in a pink error box); in a terminal, stderr.
-        print(f"pagedkv: no CUDA GPU ({_pending_notice[0]}); numba.cuda kernels run in numba's CUDA simulator.",
-              file=sys.stdout if "ipykernel" in sys.modules else sys.stderr)
+        stream = sys.stdout if "ipykernel" in sys.modules else sys.stderr
+        stream.flush()  # one write, line and newline together: a notebook's stream never splits it
+        stream.write(f"pagedkv: no CUDA GPU ({_pending_notice[0]}); numba.cuda kernels run in numba's CUDA "
+                     "simulator.\n")
+        stream.flush()
     _pending_notice.clear()

@@ -42,16 +42,23 @@ def _tp4_blocks_per_gpu():
     return 40 * GiB // cache_block_bytes(shard, 16)
 
 
-def _mistral_blocks():
-    from ..sizing import MODELS, GiB, cache_block_bytes
+def _fp8_requests_that_fit():
+    """Llama-3-8B with an fp8 KV cache, 5 GiB for it, blocks of 16: 2,048-token requests at once."""
+    from ..sizing import MODELS, GiB, blocks_needed, cache_block_bytes
 
-    return 40 * GiB // cache_block_bytes(MODELS["mistral-7b"], 16)
+    blocks = 5 * GiB // cache_block_bytes(MODELS["llama-3-8b"].with_dtype("fp8"), 16)
+    return blocks // blocks_needed(2048, 16)
 
 
-def _empty_slots():
-    from ..sizing import blocks_needed
+def _mla_bytes_and_ratio():
+    """DeepSeek-V3's MLA cache (a 512-value latent + a 64-value RoPE key per token and layer, bf16, 61 layers)
+    against caching K and V of 128 heads of 128 (multi-head attention)."""
+    from ..sizing import ModelSpec
 
-    return blocks_needed(4097, 32) * 32 - 4097
+    mla = (512 + 64) * 61 * 2
+    mha = ModelSpec("mha-61", num_layers=61, num_heads=128, num_kv_heads=128, head_size=128,
+                    dtype="bfloat16").kv_bytes_per_token
+    return mla, mha / mla
 
 
 # ------------------------------------------------------------- 02 allocation
@@ -163,13 +170,14 @@ def _cached_tokens_of_b():
     return manager.num_cached_tokens("B")
 
 
-def _free_queue_after_free():
+def _blocks_of_a_returning_prefix():
+    """8 blocks of 4, caching on: a 9-token request runs and is freed; a 5-token one sharing its first 4 tokens."""
     from ..manager import BlockSpaceManager
 
     manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
     manager.allocate("r", range(9))
     manager.free("r")
-    return manager.free_block_ids()
+    return manager.allocate("s", [0, 1, 2, 3, 100])
 
 
 def _lru_survivors():
@@ -190,11 +198,15 @@ def _reserve_max_slots():
     return prompt + produced, output - produced, max_len - (prompt + output)
 
 
-def _pow2_chunk():
+def _pow2_never_used():
+    """reserve_pow2, final lengths equally likely from 513 to 1,024: the mean fraction of a chunk never used."""
     from ..sim import max_concurrent_requests
 
-    budget = 1 << 20
-    return budget // max_concurrent_requests("reserve_pow2", budget_tokens=budget, request_len=600)
+    budget, fractions = 1 << 20, []
+    for n in range(513, 1025):
+        chunk = budget // max_concurrent_requests("reserve_pow2", budget_tokens=budget, request_len=n)
+        fractions.append((chunk - n) / chunk)
+    return sum(fractions) / len(fractions)
 
 
 # ------------------------------------------------------------------ 07 kernel
@@ -274,11 +286,13 @@ def _preemption_replay(arrival_order=("q4", "q1", "q3", "q0", "q2")):
     return out.preempted[0], list(scheduler.running)
 
 
-def _preemption_cost_steps():
+def _swap_crossover_block_size():
+    """The smallest power-of-two block size at which swapping 500 tokens out and back in costs less than
+    recomputing them, under the notebook's CostModel."""
     from ..sim import CostModel
 
     cost = CostModel()
-    return cost.recompute_ms(500) / cost.decode_step_ms, 2 * cost.swap_ms(500, 16) / cost.decode_step_ms
+    return next(b for b in (2 ** i for i in range(12)) if 2 * cost.swap_ms(500, b) < cost.recompute_ms(500))
 
 
 # -------------------------------------------------------------- 10 tiny vLLM
@@ -352,10 +366,11 @@ EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
                       hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
                            "for every layer."),
-    "01.E2": Exercise("Mistral-7B blocks in 40 GiB", expected=_mistral_blocks,
-                      hint="divide the memory by cache_block_bytes(spec, 16) and round down."),
-    "01.E3": Exercise("empty slots of a 4,097-token prompt", expected=_empty_slots,
-                      hint="how many tokens land in the last block of 32?"),
+    "01.E2": Exercise("2,048-token requests at once", expected=_fp8_requests_that_fit,
+                      hint="fp8 stores one byte a value; whole blocks first, then whole requests of blocks."),
+    "01.E3": Exercise("(MLA bytes per token, times fewer than MHA)", expected=_mla_bytes_and_ratio, tolerance=0.01,
+                      hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
+                           "and V for every head of every layer."),
     "02.E1": Exercise("next block", expected=_next_block_after_frees,
                       hint="freed blocks join the tail of the free queue: which block is still ahead of them?"),
     "02.E2": Exercise("slot_mapping", solution=slot_mapping,
@@ -386,15 +401,16 @@ EXERCISES: dict[str, Exercise] = {
                            "fresh block."),
     "05.E1": Exercise("cached tokens of B", expected=_cached_tokens_of_b,
                       hint="only full blocks have names, and a block's name covers every token before it."),
-    "05.E2": Exercise("free queue", expected=_free_queue_after_free,
-                      hint="freed blocks join the tail of the queue, and a table is freed from its last block."),
+    "05.E2": Exercise("the new request's blocks", expected=_blocks_of_a_returning_prefix,
+                      hint="a full block keeps its name when freed; the rest of a new table comes from the free "
+                           "queue's head, and the queue got the freed blocks last block first."),
     "05.E3": Exercise("tokens of A still cached", expected=_lru_survivors,
                       hint="new allocations take the free queue's head; A's blocks joined the tail last block "
                            "first, and a cached prefix counts only up to its first missing block."),
     "06.E1": Exercise("(tokens, reserved, never)", expected=_reserve_max_slots,
                       hint="tokens so far; tokens still to come; the rest of the 2,048-slot chunk."),
-    "06.E2": Exercise("pow2 chunk", expected=_pow2_chunk,
-                      hint="the chunk is reserved at admission, for the request's final length."),
+    "06.E2": Exercise("mean fraction never used", expected=_pow2_never_used, tolerance=0.005,
+                      hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
     "07.E1": Exercise("lane_work", solution=lane_work, reference=_kernel_lane_work,
                       cases=((0, 16, 16), (5, 16, 16), (31, 16, 16), (13, 8, 32), (7, 32, 32), (3, 64, 32),
                              (9, 1, 64), (30, 4, 8)),
@@ -412,9 +428,9 @@ EXERCISES: dict[str, Exercise] = {
     "09.E1": Exercise("(victim, still running)", expected=_preemption_replay,
                       hint="the most recently *arrived* running request goes first; walk the others oldest first, "
                            "each freed block serving one of them."),
-    "09.E2": Exercise("(recompute steps, swap steps)", expected=_preemption_cost_steps, tolerance=0.02,
-                      hint="recompute re-runs prefill over the victim's tokens; a swap moves its blocks out and, "
-                           "later, back in."),
+    "09.E2": Exercise("crossover block size", expected=_swap_crossover_block_size,
+                      hint="recompute's cost does not depend on the block size; a swap pays the bytes once and a "
+                           "fixed overhead per copy, per block, layer, K and V, and it goes out and back in."),
     "10.E1": Exercise("cached prompt tokens", expected=_cached_prompt_tokens,
                       hint="count the full blocks made only of the shared 45 bytes."),
     "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,
