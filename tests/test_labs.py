@@ -1,6 +1,7 @@
 """The students' exercise notebooks are generated from the solution notebooks, and their checks are friendly."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -201,3 +202,12 @@ def test_a_failed_check_while_grading_shows_only_its_message():
         check.grading(False)
     assert failure.value._render_traceback_() == [f"AssertionError: {failure.value}"]
     assert str(failure.value).startswith("[not yet] 02.E1")
+
+
+def test_the_sanitize_file_drops_the_simulator_notice():
+    """nbval reads 'regex: ...' and 'replace: ...' pairs; a bare 'replace:' (no space) silently drops a pattern."""
+    from nbval.plugin import get_sanitize_patterns
+
+    patterns = dict(get_sanitize_patterns((NOTEBOOKS / "sanitize.cfg").read_text()))
+    notice = "pagedkv: no CUDA GPU (no NVIDIA driver found); numba.cuda kernels run in numba's CUDA simulator.\n"
+    assert any(re.sub(regex, replace, f"a\n{notice}b\n") == "a\nb\n" for regex, replace in patterns.items())

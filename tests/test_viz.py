@@ -261,3 +261,14 @@ def test_the_app_culls_idle_kernels():
     command = voila_command(8866, open_browser=False)
     assert f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}" in command
     assert "--Voila.ip=127.0.0.1" in command and command[-1] == "--no-browser"
+
+
+def test_a_block_map_has_a_key_only_when_asked():
+    m = BlockSpaceManager(4, 8)
+    m.allocate("A", range(5))
+    plain = draw_block_map(m.snapshot(), highlight=[0])
+    assert not plain.figure.legends
+    keyed = draw_block_map(m.snapshot(), highlight=[0], key=True)
+    labels = [t.get_text() for t in keyed.figure.legends[0].get_texts()]
+    assert "free block" in labels and any("red outline" in label for label in labels)
+    plt.close("all")

@@ -62,7 +62,7 @@ def _block_refs(name: str, refs) -> set:
 
 def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None = None,
                    show_tables: bool = True, labels: bool | None = None, sources=(), columns: int | None = None,
-                   colors: dict | None = None):
+                   colors: dict | None = None, key: bool = False):
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
 
     ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline in red, e.g.
@@ -72,7 +72,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     each block table is a bar of entries and its length.  Rectangles go into two collections
     (fills, outlines), which keeps a 256-block redraw fast.  ``columns``: cells per pool row
     (default: about twice as wide as tall).  ``colors``: seq_id -> colour to keep from an earlier drawing
-    (``seq_colors(state, keep=...)``), so a sequence keeps its colour from one map to the next.
+    (``seq_colors(state, keep=...)``), so a sequence keeps its colour from one map to the next.  ``key``: a key
+    under the figure for every mark used (for a figure of several maps, call :func:`add_block_map_key` once).
     """
     if not isinstance(state, ManagerState):
         raise PagedKVValueError(f"draw_block_map draws a snapshot, got {type(state).__name__}; pass "
@@ -104,8 +105,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         for b in blocks:
             x, y = x0 + b.block_id % cols[device], b.block_id // cols[device]
             _cell(ax, b, x, y, state.block_size, colors, fills, labels)
-            key = (device, b.block_id)
-            color = HIGHLIGHT if key in marked else SOURCE if key in copied else EDGE
+            ref = (device, b.block_id)
+            color = HIGHLIGHT if ref in marked else SOURCE if ref in copied else EDGE
             outlines.add(x, y, CELL, CELL, color, 0.6 if color == EDGE else 2.2)
         x0 += cols[device] + 1
     if table_rows:
@@ -119,6 +120,10 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     ax.axis("off")
     ax.set_title(title or f"block_size {state.block_size}: {state.num_used('gpu')}/{state.num_gpu_blocks} "
                  f"GPU blocks used", fontsize=10)
+    if key:
+        add_block_map_key(ax.figure, highlight="red outline: the blocks the title is about" if marked else None,
+                          source="purple outline: a copy's source" if copied else None,
+                          cached=bool(state.prefix_caching))
     return ax
 
 

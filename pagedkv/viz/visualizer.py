@@ -109,6 +109,7 @@ class BlockTableVisualizer:
             touched = action()
         except PagedKVError as error:
             self.message, self.message_is_error = f"{description} failed: {error}", True
+            self.last_touched = []  # a failed action touched nothing: outline nothing
             self.refresh()
             return False
         self.last_touched = list(touched or [])
