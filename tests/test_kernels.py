@@ -107,21 +107,35 @@ def test_cuda_v2_fp16():
           partition_size=4)
 
 
-VLLM_CASES = [  # (block_size, heads, head_size, dtype, partition_size): every block size vLLM's mapping changes at
-    (1, (2, 2), 8, torch.float16, None),     # a thread group of 32 threads per token
-    (8, (4, 2), 16, torch.float32, None),    # groups of 4, GQA
-    (16, (4, 1), 32, torch.float16, None),   # groups of 2 (vLLM's default block), MQA
-    (32, (2, 2), 32, torch.float32, None),   # a thread per token
-    (8, (2, 1), 16, torch.float16, 8),       # v2, one block per partition
-    (16, (4, 4), 12, torch.float16, 16),     # v2; head_size 12: 3 words, lanes left over
+VLLM_CASES = [  # (block_size, (heads, kv heads), head_size, dtype, partition_size): every block size vLLM's
+    # mapping changes at, every head layout (MHA, GQA 2/3/4, MQA), fp16 and fp32, v1 and v2
+    (1, (2, 2), 8, torch.float16, None),     # a thread group of 32 threads per token; MHA
+    (8, (4, 2), 16, torch.float32, None),    # groups of 4; GQA 2
+    (16, (4, 1), 32, torch.float16, None),   # groups of 2 (vLLM's default block); MQA
+    (32, (8, 2), 32, torch.float32, None),   # a thread per token; GQA 4
+    (8, (6, 2), 16, torch.float16, 8),       # v2, one block per partition; GQA 3
+    (16, (4, 4), 12, torch.float16, 16),     # v2; head_size 12: 3 words, lanes left over; MHA
     (32, (4, 1), 32, torch.float32, 32),     # v2, MQA
+    (16, (8, 2), 16, torch.float16, 32),     # v2, two blocks per partition; GQA 4
 ]
 
 
 @pytest.mark.parametrize("block_size, heads, head_size, dtype, partition_size", VLLM_CASES)
-def test_vllm_flavour_matches_sdpa(block_size, heads, head_size, dtype, partition_size):
-    """The vLLM-shaped kernel (warp per block, thread groups, 8-byte words); in the simulator its group
-    shuffles become a shared-memory exchange, everything else is the body a GPU runs."""
+def test_grouped_vllm_flavour_matches_sdpa(block_size, heads, head_size, dtype, partition_size):
+    """The grouped vLLM-shaped kernel (a thread block per KV head and its query heads, a warp per block,
+    thread groups, 8-byte words from flat caches); in the simulator its group shuffles become a shared-memory
+    exchange, everything else is the body a GPU runs. Ragged lengths: 1 token, part of a block, exact blocks."""
+    case = make_case([1, 5, 19, 2 * block_size], num_heads=heads[0], num_kv_heads=heads[1],
+                     head_size=head_size, block_size=block_size, dtype=dtype, seed=block_size)
+    shape = check_attention_args(*case, None, "cuda", partition_size)
+    out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour="vllm-gqa")
+    torch.testing.assert_close(out.float(), sdpa(*case), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("case_index", [1, 4, 6])
+def test_per_head_vllm_flavour_matches_sdpa(case_index):
+    """The same body with one query head per thread block (vLLM's CUDA mapping): GQA 2 and 3, MQA."""
+    block_size, heads, head_size, dtype, partition_size = VLLM_CASES[case_index]
     case = make_case([1, 5, 19, 2 * block_size], num_heads=heads[0], num_kv_heads=heads[1],
                      head_size=head_size, block_size=block_size, dtype=dtype, seed=block_size)
     shape = check_attention_args(*case, None, "cuda", partition_size)
@@ -129,7 +143,7 @@ def test_vllm_flavour_matches_sdpa(block_size, heads, head_size, dtype, partitio
     torch.testing.assert_close(out.float(), sdpa(*case), atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("flavour", ["tree", "vllm"])
+@pytest.mark.parametrize("flavour", ["tree", "vllm-gqa"])
 def test_v1_and_v2_can_be_forced(flavour):
     """partition_size=0 forces v1, a partition size forces v2: both agree with SDPA in the simulator."""
     case = make_case([3, 17, 40], num_heads=4, num_kv_heads=2, head_size=16, block_size=8, dtype=torch.float16)
@@ -147,23 +161,56 @@ def test_forced_v1_refuses_what_its_shared_memory_cannot_hold():
         paged_attention(*case, backend="cuda", partition_size=0)
 
 
-def test_the_gpu_default_is_the_vllm_flavour_where_it_fits():
+def test_the_gpu_default_is_the_grouped_flavour_where_it_fits():
     from pagedkv.kernels.cuda import _default_flavour
 
-    fits = check_attention_args(*make_case([5], num_heads=2, num_kv_heads=2, head_size=16, block_size=16))
+    fits = check_attention_args(*make_case([5], num_heads=8, num_kv_heads=2, head_size=16, block_size=16))
     odd = check_attention_args(*make_case([5], num_heads=2, num_kv_heads=2, head_size=6, block_size=16))
-    assert _default_flavour(fits, torch.float16, simulator=False) == "vllm"
-    assert _default_flavour(odd, torch.float16, simulator=False) == "shuffle"  # 6 fp16 values: no whole words
+    many = check_attention_args(*make_case([5], num_heads=32, num_kv_heads=1, head_size=16, block_size=16))
+    long = check_attention_args(*make_case([3000], num_heads=8, num_kv_heads=2, head_size=16, block_size=16))
+    assert _default_flavour(fits, torch.float16, simulator=False) == "vllm-gqa"
+    assert _default_flavour(odd, torch.float16, simulator=False) == "tree"  # 6 fp16 values: no whole words
+    assert _default_flavour(many, torch.float16, simulator=False) == "vllm"  # 32 heads' logits: too much smem
+    assert _default_flavour(long, torch.float16, simulator=False, partition_size=None) == "vllm-gqa"  # v2
+    assert _default_flavour(long, torch.float16, simulator=False, partition_size=0) == "vllm"  # a forced v1
     assert _default_flavour(fits, torch.float16, simulator=True) == "tree"
+
+
+def test_grouped_v1_refuses_a_context_its_shared_memory_cannot_hold():
+    from pagedkv.kernels.cuda import max_v1_tokens
+
+    assert max_v1_tokens("vllm-gqa", 4) == 2048 and max_v1_tokens("vllm", 4) == 8192
+    case = make_case([2100], num_heads=4, num_kv_heads=1, head_size=8, block_size=16, dtype=torch.float16)
+    shape = check_attention_args(*case, None, "cuda", 0)
+    with pytest.raises(ValueError, match="at most 2048 tokens of logits per query head"):
+        paged_attention_cuda(*case, shape, CUDA_MODE, 0, flavour="vllm-gqa")
 
 
 def test_vllm_flavour_refuses_sizes_it_cannot_split():
     case = make_case([5], num_heads=2, num_kv_heads=2, head_size=6, block_size=4, dtype=torch.float16)
     shape = check_attention_args(*case, None, "cuda", None)
-    with pytest.raises(ValueError, match="multiple of 4 for float16"):  # 6 fp16 values are not whole words
-        paged_attention_cuda(*case, shape, CUDA_MODE, None, flavour="vllm")
-    with pytest.raises(ValueError, match="flavour must be"):
-        paged_attention_cuda(*case, shape, CUDA_MODE, None, flavour="fastest")
+    for flavour in ("vllm", "vllm-gqa"):
+        with pytest.raises(ValueError, match="multiple of 4 for float16"):  # 6 fp16 values are not whole words
+            paged_attention_cuda(*case, shape, CUDA_MODE, None, flavour=flavour)
+    with pytest.raises(ValueError, match="flavour must be one of 'tree', 'vllm', 'vllm-gqa'"):
+        paged_attention_cuda(*case, shape, CUDA_MODE, None, flavour="shuffle")  # retired
+
+
+def test_the_kernel_modules_import_no_circle():
+    """cuda.py (teaching kernel, launcher) and cuda_vllm.py share device helpers from cuda_device.py; the
+    vLLM-shaped kernels import neither cuda.py nor each other's bodies."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(importlib.import_module("pagedkv.kernels").__file__).parent
+
+    def imports(name):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
+
+    assert "cuda" not in imports("cuda_vllm") and "cuda" not in imports("cuda_device")
+    assert "cuda_vllm" not in imports("cuda_device")
+    assert {"cuda_device", "cuda_vllm"} <= imports("cuda")
 
 
 def test_default_scale_and_custom_scale():
@@ -180,7 +227,8 @@ def test_auto_backend():
     torch.testing.assert_close(paged_attention(*case), paged_attention(*case, backend="torch"), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the warp-shuffle kernel needs a real GPU (no shuffles in the simulator)")
+@pytest.mark.skipif(not ON_GPU, reason="the shuffles of the vLLM-shaped kernels need a real GPU (the simulator "
+                    "takes shared memory instead)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("partition_size", [None, 0, 512])  # auto, forced v1, v2
 def test_gpu_kernels_every_flavour(dtype, partition_size):
@@ -188,7 +236,7 @@ def test_gpu_kernels_every_flavour(dtype, partition_size):
                      dtype=dtype)
     shape = check_attention_args(*case)
     expected = sdpa(*case)
-    for flavour in ("tree", "shuffle", "vllm", None):  # None: the GPU default
+    for flavour in ("tree", "vllm", "vllm-gqa", None):  # None: the GPU default
         out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour=flavour)
         torch.testing.assert_close(out.float().cpu(), expected, atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -316,10 +364,27 @@ def test_static_report_reads_the_linker_and_the_sass():
                        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     row = r.stdout.splitlines()[1].split()
-    assert row[:4] == ["sm_90", "tree", "v1", "32"]
-    registers, spills, shared, local = map(int, row[4:8])
+    assert row[:5] == ["sm_90", "tree", "v1", "32", "-"]
+    registers, spills, shared, local = map(int, row[5:9])
     assert 0 < registers <= 255 and spills == 0 and local == 0 and shared >= 4 * 32  # q staged in shared memory
     assert "instr/" in r.stdout  # at least one loop that streams the cache was found
+    summary = [line for line in r.stdout.splitlines() if line.startswith("static summary:")]
+    assert [line.split(":")[1] for line in summary] == [" sm_90 tree head 32 fp16 gqa 1",
+                                                        " sm_90 tree head 32 fp16 gqa 4"]
+    assert all("of H100 HBM bandwidth (an estimate" in line for line in summary)
+
+
+def test_the_hbm_estimate_follows_its_formula():
+    from pagedkv.kernels.static_report import H100_WARP_INSTRUCTIONS_PER_S, hbm_fraction, summary_line
+
+    # head 128 fp16 at GQA 4: 128 bytes of K+V per (query head, token); 107 instructions: about a third
+    assert hbm_fraction(107, 128, 4) == pytest.approx(128 * H100_WARP_INSTRUCTIONS_PER_S / 107 / 3.35e12)
+    assert 0.30 < hbm_fraction(107, 128, 4) < 0.36
+    assert hbm_fraction(20, 128, 1) > 1  # memory-bound: the issue rate is not the limit
+    row = dict(sm="sm_90", flavour="vllm-gqa", head_size=128, occupancy=0.5, spill_bytes=0,
+               loops=[(87, 8, 10.9), (65, 8, 8.1)])
+    assert summary_line(row, 4).startswith("static summary: sm_90 vllm-gqa head 128 fp16 gqa 4: 19 warp "
+                                           "instructions per (query head, token)")
 
 
 def test_static_report_parsers():

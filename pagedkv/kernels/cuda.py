@@ -16,21 +16,20 @@ block ``block_table[i // block_size]`` at slot ``i % block_size``.
   rescales and combines the partitions.  More thread blocks for long contexts,
   and the logits of one partition always fit in shared memory.
 
-Both call the same body, :func:`attend`, over a token range ``[start, end)``.
-Two reduction *flavours* are chosen when a kernel is built:
+Both call the same body, :func:`attend`, over a token range ``[start, end)``:
+one thread per token for ``q.k``, a block-wide max and sum through a
+shared-memory tree, one thread per output dim for ``p @ V``.  That is the
+*teaching* kernel (flavour ``"tree"``), and the one the simulator runs.
 
-* ``"tree"``: one thread per token for ``q.k``, block-wide max/sum with a
-  shared-memory tree.  The teaching kernel, and the one the simulator runs.
-* ``"shuffle"``: one warp per token, its 32 lanes splitting ``head_size`` and
-  combining with warp shuffles.  Faster on a GPU; never in the simulator,
-  which has no real warps.
-
-Neither is vLLM's mapping: there a warp takes a whole KV block (one block-table
-read), a *thread group* of ``max(32 // block_size, 1)`` threads takes a token
-and splits ``head_size`` into 16-byte vectors, and the logits live in dynamic
-shared memory.  The third flavour, ``"vllm"`` (``cuda_vllm.py``), does that,
-and is the default on a GPU wherever its sizes fit (``"shuffle"`` otherwise);
-``benchmarks/RESULTS.md`` ("Static kernel report") counts what each costs.
+It is not vLLM's mapping.  There a warp takes a whole KV block (one
+block-table read), a *thread group* of ``max(32 // block_size, 1)`` threads
+takes a token and splits ``head_size`` into vectors, and the logits live in
+dynamic shared memory.  ``cuda_vllm.py`` does that in two flavours:
+``"vllm"`` (a thread block per query head, as vLLM's CUDA kernel) and
+``"vllm-gqa"`` (a thread block per KV head and all the query heads that share
+it, as FlashInfer and vLLM's Triton kernel), the default on a GPU wherever its
+sizes fit.  ``benchmarks/RESULTS.md`` ("Static kernel report") counts what
+each costs.
 """
 
 from __future__ import annotations
@@ -46,77 +45,13 @@ from numba import cuda, float32
 
 from ..errors import PagedKVValueError
 from .backend import CudaMode, announce_simulator
+from .cuda_device import NEG_INF, _add, _max, tree_reduction
+from .cuda_vllm import FLAVOURS as VLLM_FLAVOURS
+from .cuda_vllm import build_vllm_kernels, check_sizes, flat_words
 
-WARP_SIZE = 32
-FULL_MASK = 0xFFFFFFFF
-NEG_INF = np.float32(-3.4e38)  # "minus infinity" that stays finite, so max() needs no special case
 PARTITION_SIZE = 512  # v2's default partition, as in vLLM
 MAX_V1_TOKENS = 8192  # 32 KB of float32 logits: v1 past this would overflow 48 KB of static shared memory
-
-
-@cuda.jit(device=True, inline=True)
-def _max(a, b):
-    return max(a, b)
-
-
-@cuda.jit(device=True, inline=True)
-def _add(a, b):
-    return a + b
-
-
-def tree_reduction(combine, num_threads):
-    """Block-wide reduction through shared memory: halve the active threads each round."""
-
-    @cuda.jit(device=True)
-    def reduce(red, value):
-        tid = cuda.threadIdx.x
-        red[tid] = value
-        cuda.syncthreads()
-        stride = num_threads // 2
-        while stride > 0:
-            if tid < stride:
-                red[tid] = combine(red[tid], red[tid + stride])
-            cuda.syncthreads()
-            stride //= 2
-        result = red[0]
-        cuda.syncthreads()  # everyone has read red[0] before red is reused
-        return result
-
-    return reduce
-
-
-def warp_reduction(combine):
-    """Combine a value across the 32 lanes of a warp with butterfly shuffles; every lane gets the result."""
-
-    @cuda.jit(device=True)
-    def reduce(value):
-        offset = WARP_SIZE // 2
-        while offset > 0:
-            value = combine(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
-            offset //= 2
-        return value
-
-    return reduce
-
-
-def shuffle_reduction(combine, num_warps):
-    """Block-wide reduction: shuffles inside each warp, then one value per warp through shared memory."""
-    warp_reduce = warp_reduction(combine)
-
-    @cuda.jit(device=True)
-    def reduce(red, value):
-        lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
-        value = warp_reduce(value)
-        if lane == 0:
-            red[warp] = value
-        cuda.syncthreads()
-        result = red[0]
-        for w in range(1, num_warps):
-            result = combine(result, red[w])
-        cuda.syncthreads()
-        return result
-
-    return reduce
+FLAVOURS = ("tree",) + VLLM_FLAVOURS
 
 
 @functools.cache
@@ -128,91 +63,38 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
     longest sequence for v1, the partition size for v2.  With ``jit=False`` the
     kernels come back as plain Python functions, for ``cuda.compile_ptx``.
     """
-    if flavour not in ("tree", "shuffle"):
-        raise PagedKVValueError(f"flavour must be 'tree' or 'shuffle', got {flavour!r}.")
-    min_threads = WARP_SIZE if flavour == "shuffle" else 1
-    if num_threads & (num_threads - 1) or num_threads < min_threads:
-        raise PagedKVValueError(f"num_threads must be a power of two >= {min_threads} for the {flavour!r} "
-                                f"kernel, got {num_threads}.")
-    num_warps = max(1, num_threads // WARP_SIZE)
-    dims_per_lane = -(-head_size // WARP_SIZE)
-    out_red_len = num_warps * head_size if flavour == "shuffle" else 1
+    if flavour != "tree":
+        raise PagedKVValueError(f"build_kernels builds the 'tree' flavour, got {flavour!r}.")
+    if num_threads & (num_threads - 1) or num_threads < 1:
+        raise PagedKVValueError(f"num_threads must be a power of two for the 'tree' kernel, got {num_threads}.")
+    out_red_len = 1  # the tree's p @ V needs no cross-warp sum: a thread owns whole output dims
+    block_max = tree_reduction(_max, num_threads)
+    block_sum = tree_reduction(_add, num_threads)
 
-    if flavour == "tree":
-        block_max = tree_reduction(_max, num_threads)
-        block_sum = tree_reduction(_add, num_threads)
+    @cuda.jit(device=True)
+    def qk_logits(q_s, key_cache, block_table, kv_head, start, end, scale, logits):
+        """Thread t computes q.k for tokens start+t, start+t+num_threads, ..."""
+        local_max = NEG_INF
+        for i in range(start + cuda.threadIdx.x, end, num_threads):
+            block = block_table[i // block_size]  # the block table lookup: logical -> physical
+            offset = i % block_size
+            dot = float32(0.0)
+            for d in range(head_size):
+                dot += q_s[d] * float32(key_cache[block, offset, kv_head, d])
+            logit = dot * scale
+            logits[i - start] = logit
+            local_max = max(local_max, logit)
+        return local_max
 
-        @cuda.jit(device=True)
-        def qk_logits(q_s, key_cache, block_table, kv_head, start, end, scale, logits):
-            """Thread t computes q.k for tokens start+t, start+t+num_threads, ..."""
-            local_max = NEG_INF
-            for i in range(start + cuda.threadIdx.x, end, num_threads):
-                block = block_table[i // block_size]  # the block table lookup: logical -> physical
-                offset = i % block_size
-                dot = float32(0.0)
-                for d in range(head_size):
-                    dot += q_s[d] * float32(key_cache[block, offset, kv_head, d])
-                logit = dot * scale
-                logits[i - start] = logit
-                local_max = max(local_max, logit)
-            return local_max
-
-        @cuda.jit(device=True)
-        def weighted_values(logits, value_cache, block_table, kv_head, start, end, inv_sum, out_row, out_red):
-            """Thread t owns output dims t, t+num_threads, ... and sums p_i * v_i over every token."""
-            for d in range(cuda.threadIdx.x, head_size, num_threads):
-                acc = float32(0.0)
-                for i in range(start, end):
-                    block = block_table[i // block_size]
-                    acc += logits[i - start] * float32(value_cache[block, i % block_size, kv_head, d])
-                out_row[d] = acc * inv_sum
-    else:
-        block_max = shuffle_reduction(_max, num_warps)
-        block_sum = shuffle_reduction(_add, num_warps)
-        warp_sum = warp_reduction(_add)
-
-        @cuda.jit(device=True)
-        def qk_logits(q_s, key_cache, block_table, kv_head, start, end, scale, logits):
-            """Warp w computes q.k for tokens start+w, start+w+num_warps, ...; lanes split head_size."""
-            lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
-            local_max = NEG_INF
-            for i in range(start + warp, end, num_warps):
+    @cuda.jit(device=True)
+    def weighted_values(logits, value_cache, block_table, kv_head, start, end, inv_sum, out_row, out_red):
+        """Thread t owns output dims t, t+num_threads, ... and sums p_i * v_i over every token."""
+        for d in range(cuda.threadIdx.x, head_size, num_threads):
+            acc = float32(0.0)
+            for i in range(start, end):
                 block = block_table[i // block_size]
-                offset = i % block_size
-                dot = float32(0.0)
-                for d in range(lane, head_size, WARP_SIZE):  # neighbouring lanes read neighbouring dims
-                    dot += q_s[d] * float32(key_cache[block, offset, kv_head, d])
-                logit = warp_sum(dot) * scale
-                if lane == 0:
-                    logits[i - start] = logit
-                local_max = max(local_max, logit)
-            return local_max
-
-        @cuda.jit(device=True)
-        def weighted_values(logits, value_cache, block_table, kv_head, start, end, inv_sum, out_row, out_red):
-            """Warp w sums tokens start+w, ... for every dim (lane-strided); then the warps add up."""
-            lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
-            acc = cuda.local.array(dims_per_lane, float32)
-            for k in range(dims_per_lane):
-                acc[k] = float32(0.0)
-            for i in range(start + warp, end, num_warps):
-                p = logits[i - start]
-                block = block_table[i // block_size]
-                offset = i % block_size
-                for k in range(dims_per_lane):
-                    d = lane + k * WARP_SIZE
-                    if d < head_size:
-                        acc[k] += p * float32(value_cache[block, offset, kv_head, d])
-            for k in range(dims_per_lane):
-                d = lane + k * WARP_SIZE
-                if d < head_size:
-                    out_red[warp * head_size + d] = acc[k]
-            cuda.syncthreads()
-            for d in range(cuda.threadIdx.x, head_size, num_threads):
-                total = float32(0.0)
-                for w in range(num_warps):
-                    total += out_red[w * head_size + d]
-                out_row[d] = total * inv_sum
+                acc += logits[i - start] * float32(value_cache[block, i % block_size, kv_head, d])
+            out_row[d] = acc * inv_sum
 
     @cuda.jit(device=True)
     def attend(out_row, query_row, key_cache, value_cache, block_table, kv_head, start, end, scale,
@@ -286,26 +168,34 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
 
 
 def _kernels(shape, num_threads: int, flavour: str, logits_len: int, dtype: torch.dtype, simulator: bool):
-    """(v1, v2, reduce) of a flavour; the vLLM-shaped one shares the tree flavour's reduce kernel."""
-    if flavour != "vllm":
-        return build_kernels(shape.head_size, shape.block_size, num_threads, flavour, logits_len)
-    from .cuda_vllm import build_vllm_kernels
-
+    """(v1, v2, reduce) of a flavour; the vLLM-shaped ones share the tree flavour's reduce kernel."""
+    reduce = build_kernels(shape.head_size, shape.block_size, num_threads, "tree", logits_len)[2]
+    if flavour == "tree":
+        return build_kernels(shape.head_size, shape.block_size, num_threads, "tree", logits_len)
+    heads = shape.num_queries_per_kv if flavour == "vllm-gqa" else 1
     v1, v2 = build_vllm_kernels(shape.head_size, shape.block_size, num_threads, logits_len,
-                                str(dtype).removeprefix("torch."), simulator)
-    return v1, v2, build_kernels(shape.head_size, shape.block_size, num_threads, "tree", logits_len)[2]
+                                str(dtype).removeprefix("torch."), simulator, heads)
+    return v1, v2, reduce
 
 
-def _default_flavour(shape, dtype: torch.dtype, simulator: bool) -> str:
-    """The simulator runs the teaching kernel; a GPU the vLLM-shaped one, when it can split these sizes."""
+def max_v1_tokens(flavour: str, num_queries_per_kv: int) -> int:
+    """The longest context v1 can hold: one thread block keeps every logit of its query heads in shared memory."""
+    return MAX_V1_TOKENS // num_queries_per_kv if flavour == "vllm-gqa" else MAX_V1_TOKENS
+
+
+def _default_flavour(shape, dtype: torch.dtype, simulator: bool, partition_size: int | None = None) -> str:
+    """The simulator runs the teaching kernel.  A GPU runs the grouped vLLM-shaped one when it can split these
+    sizes and hold a group's logits (a forced v1 over a long context needs the per-head one)."""
     if simulator:
         return "tree"
-    from .cuda_vllm import check_sizes
-
     try:
         check_sizes(shape.head_size, shape.block_size, 128, str(dtype).removeprefix("torch."))
     except PagedKVValueError:
-        return "shuffle"
+        return "tree"
+    fits_v2 = shape.num_queries_per_kv * PARTITION_SIZE <= MAX_V1_TOKENS
+    fits_v1 = shape.max_seq_len <= max_v1_tokens("vllm-gqa", shape.num_queries_per_kv)
+    if fits_v2 and (partition_size != 0 or fits_v1):
+        return "vllm-gqa"
     return "vllm"
 
 
@@ -354,39 +244,45 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
                          num_threads: int | None = None) -> torch.Tensor:
     """Launch v1 or v2 (arguments already validated; ``shape`` is their AttentionShape)."""
     announce_simulator()
-    flavour = flavour or _default_flavour(shape, query.dtype, mode.simulator)
-    if flavour == "shuffle" and mode.simulator:
-        raise PagedKVValueError("the 'shuffle' kernel needs a real GPU (the simulator has no warp shuffles); "
-                                "use flavour='tree' or 'vllm'.")
-    if flavour not in ("tree", "shuffle", "vllm"):
-        raise PagedKVValueError(f"flavour must be 'tree', 'shuffle' or 'vllm', got {flavour!r}.")
-    num_threads = num_threads or (64 if flavour == "vllm" and mode.simulator else 16 if mode.simulator else 128)
+    flavour = flavour or _default_flavour(shape, query.dtype, mode.simulator, partition_size)
+    if flavour not in FLAVOURS:
+        raise PagedKVValueError(f"flavour must be one of {', '.join(map(repr, FLAVOURS))}, got {flavour!r}.")
+    num_threads = num_threads or (64 if flavour != "tree" and mode.simulator else 16 if mode.simulator else 128)
+    v1_limit = max_v1_tokens(flavour, shape.num_queries_per_kv)
     if partition_size == 0:  # forced v1
+        if shape.max_seq_len > v1_limit:
+            raise PagedKVValueError(
+                f"the {flavour!r} v1 kernel holds at most {v1_limit} tokens of logits per query head, and a "
+                f"sequence has {shape.max_seq_len}; leave partition_size=None (v2) or use flavour='vllm'.")
         partition_size = None
     elif partition_size is None:  # vLLM's rule: v1 unless the context is long and the grid is small
         max_partitions = -(-shape.max_seq_len // PARTITION_SIZE)
-        use_v1 = shape.max_seq_len <= MAX_V1_TOKENS and (
-            max_partitions == 1 or shape.num_seqs * shape.num_heads > 512)
+        use_v1 = shape.max_seq_len <= v1_limit and (max_partitions == 1 or shape.num_seqs * shape.num_heads > 512)
         partition_size = None if use_v1 else PARTITION_SIZE
     scale, group = np.float32(shape.scale), np.int32(shape.num_queries_per_kv)
 
     logits_len = partition_size or _next_power_of_two(max(shape.max_seq_len, 32))
     v1, v2, reduce = _kernels(shape, num_threads, flavour, logits_len, query.dtype, mode.simulator)  # checks sizes
-    if flavour == "vllm":  # it reads the caches as 64-bit words
-        key_cache, value_cache = key_cache.view(torch.int64), value_cache.view(torch.int64)
+    extra = ()
+    heads_per_block = 1
+    if flavour != "tree":  # they read the caches as flat 64-bit words, strided by the number of KV heads
+        key_cache, value_cache = flat_words(key_cache), flat_words(value_cache)
+        extra = (np.int32(shape.num_kv_heads),)
+        heads_per_block = shape.num_queries_per_kv if flavour == "vllm-gqa" else 1
+    grid_heads = shape.num_heads // heads_per_block
 
     with _fast_thread_switching(mode.simulator), _on_tensors_gpu(query) as stream:
         args = [_on_device(t) for t in (query, key_cache, value_cache, block_tables, seq_lens)]
         out = _empty((shape.num_seqs, shape.num_heads, shape.head_size), query)
         if partition_size is None:
-            v1[(shape.num_heads, shape.num_seqs), num_threads, stream](out, *args, scale, group)
+            v1[(grid_heads, shape.num_seqs), num_threads, stream](out, *args, scale, group, *extra)
         else:
             num_partitions = -(-shape.max_seq_len // partition_size)
             stats = (shape.num_seqs, shape.num_heads, num_partitions)
             tmp_out = _empty(stats + (shape.head_size,), query)
             max_logits, exp_sums = _empty(stats, query), _empty(stats, query)
-            v2[(shape.num_heads, shape.num_seqs, num_partitions), num_threads, stream](
-                tmp_out, max_logits, exp_sums, *args, scale, group)
+            v2[(grid_heads, shape.num_seqs, num_partitions), num_threads, stream](
+                tmp_out, max_logits, exp_sums, *args, scale, group, *extra)
             reduce[(shape.num_heads, shape.num_seqs), num_threads, stream](
                 out, tmp_out, max_logits, exp_sums, args[-1])
 

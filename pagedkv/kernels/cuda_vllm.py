@@ -1,31 +1,37 @@
-"""The vLLM-shaped kernel: a warp per KV block, a thread group per token, 8-byte loads.
+"""The vLLM-shaped kernels: a warp per KV block, a thread group per token, a query-head group per thread block.
 
 Read ``cuda.py`` first: the grid, the softmax and the v2 partitions are the
-same.  What changes is who reads what, as in vLLM's ``paged_attention_kernel``
-(``csrc/attention/attention_kernels.cuh``):
+same.  What changes is who reads what.
 
-* **a warp takes a whole KV block**: warp ``w`` takes the range's blocks
-  ``w, w + NUM_WARPS, ...`` and reads each block-table entry once;
-* **a thread group of ``max(32 // block_size, 1)`` threads takes one token**
-  of that block; its threads split the token's ``head_size`` into 64-bit
-  words (4 fp16 or 2 fp32 values, unpacked in registers) and each computes a
-  partial ``q.k`` with its slice of ``q``, read from shared memory (vLLM keeps
-  it in registers; here that took 171 registers and 12% occupancy, measured
-  with ``static_report``);
-* the group's partial dots are added with **shuffles inside the group**;
-* for ``p @ V`` a warp again takes a block; its lanes take neighbouring words
+* **A warp takes a whole KV block**, as in vLLM's ``paged_attention_kernel``
+  (``csrc/attention/attention_kernels.cuh``): warp ``w`` takes the range's
+  blocks ``w, w + NUM_WARPS, ...`` and reads each block-table entry once.
+* **A thread group of ``max(32 // block_size, 1)`` threads takes one token** of
+  that block (vLLM's ``THREAD_GROUP_SIZE``).  Its threads split the token's
+  row into 64-bit words (4 fp16 or 2 fp32 values, unpacked in registers), so
+  the *group* fetches ``8 * group_size`` bytes at a time (16 at vLLM's block
+  size of 16), and adds its partial ``q.k`` with shuffles inside the group.
+* **A thread block takes ``heads_per_block`` query heads** that share one KV
+  head.  With ``heads_per_block = 1`` that is vLLM's CUDA kernel: a thread
+  block per query head, so under grouped-query attention every K/V element is
+  loaded once *per query head*.  With ``heads_per_block =
+  num_heads // num_kv_heads`` (the ``"vllm-gqa"`` flavour) it is the mapping
+  of FlashInfer's decode kernels and vLLM's Triton ``unified_attention``: each
+  K/V word is loaded and addressed once for the whole group, and multiplied
+  into every head's dot product (the queries wait in shared memory).
+* **Flat indexing**: the caches arrive as one flat array of 64-bit words.  A
+  block's first word is found once per block (``physical * block_stride +
+  kv_head * words``); a token's row is a fixed stride from it, and a word a
+  constant offset from that, which the compiler folds into the load.
+* For ``p @ V`` a warp again takes a block; its lanes take neighbouring words
   of a token's value row (coalesced), and the warps add up in shared memory.
 
-vLLM reads 16-byte vectors from a cache laid out for them; with pagedkv's
-``[block, token, kv_head, head_size]`` layout one 8-byte word per lane already
-makes a warp read whole 256-byte rows.
-
-**In the simulator** there are no warps to shuffle in, so the group sum goes
-through shared memory with barriers instead (``simulated=True``).  Everything
-else, the indexing, the word unpacking and the masking, is the same body,
-which is what lets CI check it against the dense reference.  Barriers need
-every thread, so the block loop runs in block-uniform rounds, with a flag for
-warps that have no block left in the last round.
+**In the simulator** there are no warps to shuffle in, so the group sum and
+the block reductions go through shared memory with barriers instead
+(``simulated=True``).  Everything else, the indexing, the word unpacking and
+the masking, is the same body, which is what lets CI check it against torch's
+SDPA.  Barriers need every thread, so the K loop runs in block-uniform rounds,
+with a flag for warps that have no block left in the last round.
 """
 
 from __future__ import annotations
@@ -34,44 +40,23 @@ import functools
 import math
 
 import numpy as np
+import torch
 from numba import cuda, float32, int64, uint64
 
 from ..errors import PagedKVValueError
-from .cuda import FULL_MASK, NEG_INF, WARP_SIZE, _add, _max, shuffle_reduction, tree_reduction
+from .cuda_device import (
+    NEG_INF,
+    WARP_SIZE,
+    _add,
+    _max,
+    group_sum_shared,
+    group_sum_shuffle,
+    shuffle_reduction,
+    tree_reduction,
+)
 
 WORD_BYTES = 8
-
-
-def group_sum_shuffle(group_size):
-    """Sum over the ``group_size`` lanes of a thread group with xor shuffles (every lane gets it)."""
-
-    @cuda.jit(device=True)
-    def group_sum(exchange, value):
-        offset = group_size // 2
-        while offset > 0:
-            value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
-            offset //= 2
-        return value
-
-    return group_sum
-
-
-def group_sum_shared(group_size):
-    """The same sum through shared memory, for the simulator (which has no warp shuffles)."""
-
-    @cuda.jit(device=True)
-    def group_sum(exchange, value):
-        tid = cuda.threadIdx.x
-        exchange[tid] = value
-        cuda.syncthreads()
-        first = tid - tid % group_size
-        total = float32(0.0)
-        for j in range(group_size):
-            total += exchange[first + j]
-        cuda.syncthreads()  # everyone has read before the next round writes
-        return total
-
-    return group_sum
+FLAVOURS = ("vllm", "vllm-gqa")
 
 
 def check_sizes(head_size: int, block_size: int, num_threads: int, dtype: str) -> None:
@@ -79,7 +64,7 @@ def check_sizes(head_size: int, block_size: int, num_threads: int, dtype: str) -
     per_word = WORD_BYTES // np.dtype(dtype).itemsize
     if head_size % per_word or block_size & (block_size - 1) or num_threads % WARP_SIZE:
         raise PagedKVValueError(
-            f"the 'vllm' kernel needs head_size a multiple of {per_word} for {dtype} (got {head_size}), a "
+            f"the 'vllm' kernels need head_size a multiple of {per_word} for {dtype} (got {head_size}), a "
             f"power-of-two block_size (got {block_size}) and whole warps (got {num_threads} threads); "
             "use flavour='tree'.")
 
@@ -98,12 +83,31 @@ def thread_group_layout(block_size: int, words: int) -> tuple[int, int, int, int
     return group_size, groups_per_warp, tokens_per_group, words_per_thread
 
 
+def launch_bounds(num_threads: int, cc: tuple[int, int], heads_per_block: int, head_size: int):
+    """CUDA's ``__launch_bounds__(num_threads, min_blocks)`` for these kernels, or just ``num_threads``.
+
+    On sm_90 ask for enough resident blocks to fill half an SM (1,024 of its 2,048 threads), which caps
+    registers at 64 per thread: up to 512 accumulators per block (``heads_per_block * head_size``) that fits
+    with no spill (``static_report`` shows it).  sm_80's code needs more registers for the same body and
+    would spill under that cap, so there, and for larger groups, the compiler chooses (occupancy 31%).
+    """
+    if cc >= (9, 0) and heads_per_block * head_size <= 512:
+        return num_threads, 1024 // num_threads
+    return num_threads
+
+
+def flat_words(cache: torch.Tensor) -> torch.Tensor:
+    """A ``[blocks, block_size, kv_heads, head_size]`` cache as the flat int64 words the kernels read."""
+    return cache.reshape(-1).view(torch.int64)
+
+
 @functools.cache
 def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits_len: int, dtype: str,
-                       simulated: bool, jit: bool = True):
-    """v1 and v2 kernels of the vLLM-shaped flavour for one set of sizes and a cache dtype (cached).
+                       simulated: bool, heads_per_block: int = 1, jit: bool = True):
+    """v1 and v2 kernels for one set of sizes, a cache dtype and a query-head group (cached).
 
-    The caches arrive as int64 words: ``cache.view(torch.int64)``, ``[blocks, block_size, kv_heads, words]``.
+    Launch them on ``(num_heads // heads_per_block, num_seqs[, num_partitions])`` thread blocks.  The caches
+    arrive as flat int64 words (:func:`flat_words`), and ``num_kv_heads`` gives their strides.
     """
     check_sizes(head_size, block_size, num_threads, dtype)
     element = {"float16": np.float16, "float32": np.float32}[dtype]
@@ -114,7 +118,12 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
     v_lanes = min(WARP_SIZE, 1 << (words.bit_length() - 1))  # lanes sharing one value row: a power of two
     v_rows = WARP_SIZE // v_lanes  # value rows (tokens) a warp reads at once
     v_words_per_lane = -(-words // v_lanes)
+    v_whole = words % v_lanes == 0
     acc_len = v_words_per_lane * per_word  # a register array's length must be a constant
+    heads = heads_per_block
+    acc_total = heads * acc_len  # every head's accumulators, in one register array
+    q_len, logits_total = heads * head_size, heads * logits_len  # array sizes must be constants, not expressions
+    out_red_len = heads * num_warps * v_rows * head_size
 
     group_sum = (group_sum_shared if simulated else group_sum_shuffle)(group_size)
     if simulated:
@@ -123,126 +132,166 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
         block_max, block_sum = shuffle_reduction(_max, num_warps), shuffle_reduction(_add, num_warps)
 
     @cuda.jit(device=True, inline=True)
-    def load_word(cache_words, physical, offset, kv_head, w, word):
-        """One 8-byte load of a token's row, unpacked in registers into ``per_word`` values."""
-        # unsigned indices spare numba's negative-index wraparound code
-        word[0] = cache_words[uint64(physical), uint64(offset), uint64(kv_head), uint64(w)]
+    def load_word(cache_words, index, word):
+        """One 8-byte load, unpacked in registers into ``per_word`` values."""
+        word[0] = cache_words[uint64(index)]  # unsigned: spares numba's negative-index wraparound code
         return word.view(element)
 
     @cuda.jit(device=True)
-    def qk_logits(q_s, key_words, block_table, kv_head, start, end, scale, logits, exchange):
-        """Warp w: blocks w, w + num_warps, ...; in each, thread group g: token g (and g + groups_per_warp ...)."""
+    def qk_logits(q_s, key_words, block_table, kv_base, token_stride, block_stride, start, end, scale, logits,
+                  local_max, exchange):
+        """Warp w: blocks w, w + num_warps, ...; in each, thread group g: token g (and g + groups_per_warp ...).
+
+        Every word of K is loaded once and multiplied into each of the ``heads`` dot products.
+        """
         lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
         group, rank = lane // group_size, lane % group_size  # which token, which slice of it
         word = cuda.local.array(1, int64)
+        dots = cuda.local.array(heads, float32)
         first_block, last_block = start // block_size, (end + block_size - 1) // block_size
-        local_max = NEG_INF
         for base in range(first_block, last_block, num_warps):  # block-uniform rounds (barriers in the sim)
             b = base + warp
-            physical = block_table[b] if b < last_block else 0  # one block-table read per warp and block
+            has_block = b < last_block
+            physical = int64(block_table[b]) if has_block else int64(0)  # one block-table read per warp and block
+            block_start = physical * block_stride + kv_base
             for t in range(tokens_per_group):
                 offset = group + t * groups_per_warp
-                dot = float32(0.0)
-                if b < last_block:
-                    for v in range(words_per_thread):
-                        w = rank + v * group_size
-                        if w < words:
-                            values = load_word(key_words, physical, offset, kv_head, w, word)
-                            for e in range(per_word):
-                                dot += q_s[w * per_word + e] * float32(values[e])
-                dot = group_sum(exchange, dot)
+                row = block_start + offset * token_stride  # the token's first word
+                for h in range(heads):
+                    dots[h] = float32(0.0)
+                w = rank  # this lane's words of the row: rank, rank + group_size, ...
+                while has_block and w < words:
+                    values = load_word(key_words, row + w, word)
+                    for e in range(per_word):
+                        k = float32(values[e])
+                        for h in range(heads):
+                            dots[h] += q_s[uint64(h * head_size + w * per_word + e)] * k
+                    w += group_size
                 i = b * block_size + offset
-                if b < last_block and start <= i < end:  # the last block's unused slots are masked
-                    logit = dot * scale
-                    if rank == 0:
-                        logits[i - start] = logit
-                    local_max = max(local_max, logit)
-        return local_max
+                valid = has_block and i < end  # the last block's unused slots are masked
+                for h in range(heads):
+                    dot = group_sum(exchange, dots[h])
+                    if valid:
+                        logit = dot * scale
+                        if rank == 0:
+                            logits[uint64(h * logits_len + i - start)] = logit
+                        local_max[h] = max(local_max[h], logit)
 
     @cuda.jit(device=True)
-    def weighted_values(logits, value_words, block_table, kv_head, start, end, inv_sum, out_row, out_red):
-        """Warp w: blocks w, ...; its lanes read neighbouring words of a value row, v_rows rows at a time."""
+    def weighted_values(logits, value_words, block_table, kv_base, token_stride, block_stride, start, end,
+                        out_red):
+        """Warp w: blocks w, ...; its lanes read neighbouring words of a value row, v_rows rows at a time.
+
+        Each word of V is loaded once and added into every head's accumulator, weighted by that head's p.
+        """
         lane, warp = cuda.threadIdx.x % WARP_SIZE, cuda.threadIdx.x // WARP_SIZE
         row, col = lane // v_lanes, lane % v_lanes
-        acc = cuda.local.array(acc_len, float32)
-        for k in range(acc_len):
+        acc = cuda.local.array(acc_total, float32)
+        for k in range(acc_total):
             acc[k] = float32(0.0)
+        p = cuda.local.array(heads, float32)
         word = cuda.local.array(1, int64)
         first_block, last_block = start // block_size, (end + block_size - 1) // block_size
         for b in range(first_block + warp, last_block, num_warps):  # no barrier inside: warps may differ
-            physical = block_table[b]
-            for offset in range(row, block_size, v_rows):
-                i = b * block_size + offset
-                if start <= i < end:
-                    p = logits[i - start]
-                    for k in range(v_words_per_lane):
-                        w = col + k * v_lanes
-                        if w < words:
-                            values = load_word(value_words, physical, offset, kv_head, w, word)
-                            for e in range(per_word):
-                                acc[k * per_word + e] += p * float32(values[e])
+            block_start = int64(block_table[b]) * block_stride + kv_base + col
+            in_block = min(end - b * block_size, block_size)  # tokens of this block in the range
+            offset = row
+            while offset < in_block:  # rows row, row + v_rows, ... (a partition starts on a block)
+                for h in range(heads):
+                    p[h] = logits[uint64(h * logits_len + b * block_size + offset - start)]
+                for k in range(v_words_per_lane):
+                    if v_whole or col + k * v_lanes < words:
+                        values = load_word(value_words, block_start + offset * token_stride + k * v_lanes, word)
+                        for e in range(per_word):
+                            v = float32(values[e])
+                            for h in range(heads):
+                                acc[h * acc_len + k * per_word + e] += p[h] * v
+                offset += v_rows
         slot = (warp * v_rows + row) * head_size
         for k in range(v_words_per_lane):
             w = col + k * v_lanes
-            if w < words:
+            if v_whole or w < words:
                 for e in range(per_word):
-                    out_red[slot + w * per_word + e] = acc[k * per_word + e]
+                    for h in range(heads):
+                        out_red[h * num_warps * v_rows * head_size + slot + w * per_word + e] = \
+                            acc[h * acc_len + k * per_word + e]
         cuda.syncthreads()
-        for d in range(cuda.threadIdx.x, head_size, num_threads):  # add up every warp's every row
-            total = float32(0.0)
-            for r in range(num_warps * v_rows):
-                total += out_red[r * head_size + d]
-            out_row[d] = total * inv_sum
 
     @cuda.jit(device=True)
-    def attend(out_row, query_row, key_words, value_words, block_table, kv_head, start, end, scale,
-               q_s, logits, red, out_red, exchange):
-        """As in cuda.py: softmax attention over tokens [start, end); returns (max logit, sum of exps)."""
+    def attend(out, query, key_words, value_words, block_table, seq, first_head, kv_head, num_kv_heads, start,
+               end, scale, q_s, logits, red, out_red, exchange, maxes, sums):
+        """Softmax attention of ``heads`` queries over tokens [start, end); ``maxes``/``sums`` get, per head,
+        the max logit and the sum of exps; ``out[seq, first_head + h]`` the output of head h over this range."""
         tid = cuda.threadIdx.x
-        for d in range(tid, head_size, num_threads):
-            q_s[d] = float32(query_row[d])
+        for j in range(tid, heads * head_size, num_threads):  # stage the group's queries, as float32
+            q_s[j] = float32(query[seq, first_head + j // head_size, j % head_size])
         cuda.syncthreads()
-        m = block_max(red, qk_logits(q_s, key_words, block_table, kv_head, start, end, scale, logits, exchange))
-        local_sum = float32(0.0)
-        for j in range(tid, end - start, num_threads):
-            e = math.exp(logits[j] - m)
-            logits[j] = e
-            local_sum += e
-        total = block_sum(red, local_sum)
-        weighted_values(logits, value_words, block_table, kv_head, start, end, float32(1.0) / total,
-                        out_row, out_red)
-        return m, total
+        token_stride = int64(num_kv_heads) * words
+        block_stride = token_stride * block_size
+        kv_base = int64(kv_head) * words
+        local_max = cuda.local.array(heads, float32)
+        for h in range(heads):
+            local_max[h] = NEG_INF
+        qk_logits(q_s, key_words, block_table, kv_base, token_stride, block_stride, start, end, scale, logits,
+                  local_max, exchange)
+        for h in range(heads):
+            m = block_max(red, local_max[h])
+            local_sum = float32(0.0)
+            for j in range(tid, end - start, num_threads):
+                e = math.exp(logits[h * logits_len + j] - m)  # subtract the max: exp never overflows
+                logits[h * logits_len + j] = e
+                local_sum += e
+            maxes[h] = m
+            sums[h] = block_sum(red, local_sum)  # its barrier also publishes every logit written above
+        weighted_values(logits, value_words, block_table, kv_base, token_stride, block_stride, start, end,
+                        out_red)
+        for j in range(tid, heads * head_size, num_threads):  # add up every warp's every row, per head
+            h, d = j // head_size, j % head_size
+            total = float32(0.0)
+            for r in range(num_warps * v_rows):
+                total += out_red[(h * num_warps * v_rows + r) * head_size + d]
+            out[seq, first_head + h, d] = total / sums[h]
 
-    out_red_len = num_warps * v_rows * head_size
-
-    def paged_attention_v1(out, query, key_words, value_words, block_tables, seq_lens, scale, num_queries_per_kv):
-        head, seq = cuda.blockIdx.x, cuda.blockIdx.y
-        q_s = cuda.shared.array(head_size, float32)
-        logits = cuda.shared.array(logits_len, float32)
+    def paged_attention_v1(out, query, key_words, value_words, block_tables, seq_lens, scale, num_queries_per_kv,
+                           num_kv_heads):
+        first_head, seq = cuda.blockIdx.x * heads, cuda.blockIdx.y
+        q_s = cuda.shared.array(q_len, float32)
+        logits = cuda.shared.array(logits_total, float32)
         red = cuda.shared.array(num_threads, float32)
         out_red = cuda.shared.array(out_red_len, float32)
         exchange = cuda.shared.array(num_threads, float32)
-        attend(out[seq, head], query[seq, head], key_words, value_words, block_tables[seq],
-               head // num_queries_per_kv, 0, seq_lens[seq], scale, q_s, logits, red, out_red, exchange)
+        maxes = cuda.local.array(heads, float32)
+        sums = cuda.local.array(heads, float32)
+        attend(out, query, key_words, value_words, block_tables[seq], seq, first_head,
+               first_head // num_queries_per_kv, num_kv_heads, 0, seq_lens[seq], scale,
+               q_s, logits, red, out_red, exchange, maxes, sums)
 
     def paged_attention_v2(tmp_out, max_logits, exp_sums, query, key_words, value_words, block_tables,
-                           seq_lens, scale, num_queries_per_kv):
-        head, seq, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+                           seq_lens, scale, num_queries_per_kv, num_kv_heads):
+        first_head, seq, part = cuda.blockIdx.x * heads, cuda.blockIdx.y, cuda.blockIdx.z
         start = part * logits_len  # a multiple of block_size: partitions start on a block
         seq_len = seq_lens[seq]
         if start >= seq_len:
             return
-        q_s = cuda.shared.array(head_size, float32)
-        logits = cuda.shared.array(logits_len, float32)
+        q_s = cuda.shared.array(q_len, float32)
+        logits = cuda.shared.array(logits_total, float32)
         red = cuda.shared.array(num_threads, float32)
         out_red = cuda.shared.array(out_red_len, float32)
         exchange = cuda.shared.array(num_threads, float32)
-        m, total = attend(tmp_out[seq, head, part], query[seq, head], key_words, value_words, block_tables[seq],
-                          head // num_queries_per_kv, start, min(start + logits_len, seq_len), scale,
-                          q_s, logits, red, out_red, exchange)
+        maxes = cuda.local.array(heads, float32)
+        sums = cuda.local.array(heads, float32)
+        attend(tmp_out[:, :, part], query, key_words, value_words, block_tables[seq], seq, first_head,
+               first_head // num_queries_per_kv, num_kv_heads, start, min(start + logits_len, seq_len), scale,
+               q_s, logits, red, out_red, exchange, maxes, sums)
         if cuda.threadIdx.x == 0:
-            max_logits[seq, head, part] = m
-            exp_sums[seq, head, part] = total
+            for h in range(heads):
+                max_logits[seq, first_head + h, part] = maxes[h]
+                exp_sums[seq, first_head + h, part] = sums[h]
 
     kernels = (paged_attention_v1, paged_attention_v2)
-    return tuple(cuda.jit(k) for k in kernels) if jit else kernels
+    if not jit:
+        return kernels
+    if simulated:  # the simulator takes no launch bounds
+        return tuple(cuda.jit(k) for k in kernels)
+    bounds = launch_bounds(num_threads, cuda.get_current_device().compute_capability, heads, head_size)
+    return tuple(cuda.jit(k, launch_bounds=bounds) for k in kernels)

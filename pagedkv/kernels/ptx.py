@@ -19,11 +19,11 @@ from ..errors import PagedKVError
 
 
 def signatures(dtype: str, words: bool = False) -> dict:
-    """numba type signatures of the v1, v2 and reduce kernels for a cache dtype (the caches as int64 words
-    for the 'vllm' flavour)."""
+    """numba type signatures of the v1, v2 and reduce kernels for a cache dtype (for the 'vllm' flavours, the
+    caches as flat int64 words and the number of KV heads last)."""
     q = f"{dtype}[:, :, ::1]"
-    cache = "int64[:, :, :, ::1]" if words else f"{dtype}[:, :, :, ::1]"
-    common = f"{q}, {cache}, {cache}, int32[:, ::1], int32[::1], float32, int32"
+    cache = "int64[::1]" if words else f"{dtype}[:, :, :, ::1]"
+    common = f"{q}, {cache}, {cache}, int32[:, ::1], int32[::1], float32, int32" + (", int32" if words else "")
     return {
         "v1": f"void(float32[:, :, ::1], {common})",
         "v2": f"void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], {common})",
@@ -62,35 +62,42 @@ def fp64_lines(ptx: str) -> list[str]:
 
 
 def compile_one(flavour: str, kernel: str, dtype: str, cc=(9, 0), head_size=128, block_size=16, logits_len=512,
-                num_threads=128) -> str:
-    """PTX of one kernel ("v1", "v2" or "reduce") for a cache dtype and compute capability."""
+                num_threads=128, gqa=4) -> str:
+    """PTX of one kernel ("v1", "v2" or "reduce") for a cache dtype and compute capability.
+
+    ``gqa`` is the number of query heads per KV head the ``"vllm-gqa"`` flavour is built for.
+    """
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         raise PagedKVError("run with NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX.")
     from numba import cuda
     from numba.cuda import dispatcher
 
-    from .cuda import build_kernels
+    from .cuda import FLAVOURS, build_kernels
+    from .cuda_vllm import build_vllm_kernels, launch_bounds
 
+    if flavour not in FLAVOURS:
+        raise PagedKVError(f"flavour must be one of {FLAVOURS}, got {flavour!r}.")
     # Device functions are compiled for "the current device"; with no GPU there is none, so
     # stand one in with the compute capability asked for (the kernel itself gets cc= directly).
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
-    kernels = dict(zip(("v1", "v2", "reduce"),
-                       build_kernels(head_size, block_size, num_threads, "tree" if flavour == "vllm" else flavour,
-                                     logits_len, jit=False)))
-    if flavour == "vllm":
-        from .cuda_vllm import build_vllm_kernels
-
+    kernels = dict(zip(("v1", "v2", "reduce"), build_kernels(head_size, block_size, num_threads, "tree",
+                                                             logits_len, jit=False)))
+    heads = gqa if flavour == "vllm-gqa" else 1
+    if flavour != "tree":
         kernels.update(zip(("v1", "v2"), build_vllm_kernels(head_size, block_size, num_threads, logits_len, dtype,
-                                                            simulated=False, jit=False)))
-    ptx, _ = cuda.compile_ptx(kernels[kernel], signatures(dtype, words=flavour == "vllm")[kernel], cc=cc)
+                                                            simulated=False, heads_per_block=heads, jit=False)))
+    bounds = launch_bounds(num_threads, cc, heads, head_size) if flavour != "tree" and kernel != "reduce" else None
+    ptx, _ = cuda.compile_ptx(kernels[kernel], signatures(dtype, words=flavour != "tree")[kernel], cc=cc,
+                              launch_bounds=bounds)
     return ptx
 
 
 def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict:
     """{(flavour, dtype, kernel): ptx} for every flavour, fp16 and fp32."""
+    from .cuda import FLAVOURS
+
     return {(flavour, dtype, name): compile_one(flavour, name, dtype, cc, head_size, block_size, logits_len)
-            for flavour in ("tree", "shuffle", "vllm") for dtype in ("float16", "float32")
-            for name in ("v1", "v2", "reduce")}
+            for flavour in FLAVOURS for dtype in ("float16", "float32") for name in ("v1", "v2", "reduce")}
 
 
 def main(argv=None) -> int:
@@ -107,7 +114,7 @@ def print_report(cc: tuple[int, int]) -> int:
         fp64 = fp64_lines(ptx)
         status = "ok" if not fp64 else f"{len(fp64)} float64 lines, e.g. {fp64[0]}"
         failures += bool(fp64)
-        print(f"sm_{cc[0]}{cc[1]} {flavour:<7} {dtype:<7} {name:<6} {len(ptx.splitlines()):>5} PTX lines  {status}")
+        print(f"sm_{cc[0]}{cc[1]} {flavour:<8} {dtype:<7} {name:<6} {len(ptx.splitlines()):>5} PTX lines  {status}")
     return 1 if failures else 0
 
 

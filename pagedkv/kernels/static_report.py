@@ -26,6 +26,7 @@ Run it as ``python benchmarks/bench_attention.py --static``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -185,39 +186,78 @@ KERNEL_NAMES = {"v1": "paged_attention_v1", "v2": "paged_attention_v2B", "reduce
 
 
 def measure(flavour: str, kernel: str, head_size: int, cc: tuple[int, int], threads: int = 128,
-            block_size: int = 16, partition_size: int = 512) -> dict:
-    """One row of the report for an fp16 kernel: what the linker says, occupancy, and the cache loops."""
+            block_size: int = 16, partition_size: int = 512, gqa: int = 4) -> dict:
+    """One row of the report for an fp16 kernel: what the linker says, occupancy, and the cache loops.
+
+    ``gqa`` query heads share a KV head.  Only ``"vllm-gqa"`` shares the loads between them, so its loop
+    costs are divided by ``gqa`` to give a cost per *query* head."""
     from .ptx import compile_one
 
-    ptx = compile_one(flavour, kernel, "float16", cc, head_size, block_size, partition_size, threads)
+    heads = gqa if flavour == "vllm-gqa" else 1
+    ptx = compile_one(flavour, kernel, "float16", cc, head_size, block_size, partition_size, threads, gqa)
     cubin, info = link(ptx, cc)
     loops = cache_loops(kernel_sass(disassemble(cubin), KERNEL_NAMES[kernel])) if kernel != "reduce" else []
-    return dict(flavour=flavour, kernel=kernel, head_size=head_size, sm=f"sm_{cc[0]}{cc[1]}",
+    return dict(flavour=flavour, kernel=kernel, head_size=head_size, gqa=gqa, sm=f"sm_{cc[0]}{cc[1]}",
                 registers=info.registers, spill_bytes=info.spill_bytes, shared_bytes=info.shared_bytes,
                 local_bytes=info.local_bytes, occupancy=occupancy(info, threads, cc),
-                loops=[(loop.instructions, loop.cache_elements, instructions_per_token(loop, head_size))
+                loops=[(loop.instructions, loop.cache_elements, instructions_per_token(loop, head_size) / heads)
                        for loop in loops])
 
 
 def format_row(row: dict) -> str:
     loops = ", ".join(f"{n} instr/{e} elem -> {per:.0f}" for n, e, per in row["loops"]) or "-"
-    return (f"{row['sm']:<6} {row['flavour']:<8} {row['kernel']:<6} {row['head_size']:>4} "
+    gqa = row["gqa"] if row["flavour"] == "vllm-gqa" else "-"
+    return (f"{row['sm']:<6} {row['flavour']:<8} {row['kernel']:<6} {row['head_size']:>4} {gqa:>3} "
             f"{row['registers']:>4} {row['spill_bytes']:>6} {row['shared_bytes']:>6} {row['local_bytes']:>5} "
             f"{row['occupancy']:>5.0%}  {loops}")
 
 
-HEADER = ("sm     flavour  kernel head regs spills  smem B lmem  occup. cache loops: body / fp16 elements "
+HEADER = ("sm     flavour  kernel head gqa regs spills  smem B lmem  occup. cache loops: body / fp16 elements "
           "per thread -> warp instructions per (query head, token), lower bound")
+
+# The issue-rate model behind the HBM estimate (an H100 SXM5; NVIDIA's H100 datasheet and whitepaper):
+# 132 SMs x 4 warp schedulers, each issuing one warp instruction per clock at 1.755 GHz, against 3.35 TB/s of HBM3.
+H100_WARP_INSTRUCTIONS_PER_S = 132 * 4 * 1.755e9
+H100_HBM_BYTES_PER_S = 3.35e12
+
+
+def hbm_fraction(instructions: float, head_size: int, gqa: int, element_bytes: int = 2) -> float:
+    """The fraction of H100 HBM bandwidth a kernel could use if issuing instructions were its only limit.
+
+    Per (query head, token) it issues ``instructions`` warp instructions and the cache holds
+    ``2 * head_size * element_bytes / gqa`` bytes of K and V (one KV head serves ``gqa`` query heads).
+    Issue-bound, that streams ``bytes * issue rate / instructions`` per second.  Above 1 the issue rate is not
+    the limit: the kernel would be memory-bound.  An estimate: no latency, no stalls, the loop bodies only (a
+    lower bound on instructions, so an upper bound on this fraction).
+    """
+    bytes_per_query_head_token = 2 * head_size * element_bytes / gqa
+    return bytes_per_query_head_token * H100_WARP_INSTRUCTIONS_PER_S / instructions / H100_HBM_BYTES_PER_S
+
+
+def summary_line(row: dict, gqa: int) -> str:
+    """``static summary: sm_90 vllm-gqa head 128 fp16 gqa 4: N warp instructions per (query head, token) ...``."""
+    total = sum(per for _, _, per in row["loops"])
+    return (f"static summary: {row['sm']} {row['flavour']} head {row['head_size']} fp16 gqa {gqa}: {total:.0f} "
+            f"warp instructions per (query head, token) (K + V loops, a lower bound), occupancy "
+            f"{row['occupancy']:.0%}, {row['spill_bytes']} bytes spilled; issuing them allows <= "
+            f"{hbm_fraction(total, row['head_size'], gqa):.0%} of H100 HBM bandwidth (an estimate from an "
+            "issue-rate model, not measured; over 100%: memory-bound)")
 
 
 def main(argv=None) -> int:
     import argparse
 
+    from .cuda import FLAVOURS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cc", nargs="+", default=["8.0", "9.0"], help="compute capabilities (8.0 and/or 9.0)")
     parser.add_argument("--head-size", nargs="+", type=int, default=[128, 256])
-    parser.add_argument("--flavour", nargs="+", default=["tree", "shuffle", "vllm"])
-    parser.add_argument("--kernel", nargs="+", default=["v1", "v2", "reduce"])
+    parser.add_argument("--flavour", nargs="+", default=list(FLAVOURS), choices=FLAVOURS)
+    parser.add_argument("--kernel", nargs="+", default=["v1", "v2", "reduce"], choices=("v1", "v2", "reduce"))
+    parser.add_argument("--gqa", nargs="+", type=int, default=[1, 4],
+                        help="query heads per KV head (1 is multi-head attention)")
+    parser.add_argument("--json", help="also write the rows to this file (notebook 07's roofline reads "
+                                       "pagedkv/data/static_estimates.json)")
     args = parser.parse_args(argv)
     from .ptx import report_missing_toolkit
 
@@ -226,13 +266,24 @@ def main(argv=None) -> int:
 
 def print_report(args) -> int:
     print(HEADER)
+    summaries, rows = [], []
     for cc in (tuple(int(x) for x in text.split(".")) for text in args.cc):
         if cc not in SM_LIMITS:
             raise PagedKVError(f"--cc must be one of {sorted(SM_LIMITS)}, got {cc}.")
         for head_size in args.head_size:
             for flavour in args.flavour:
-                for kernel in args.kernel:
-                    print(format_row(measure(flavour, kernel, head_size, cc)), flush=True)
+                # only vllm-gqa is built per group size; the others cost the same per query head at any gqa
+                for gqa in (args.gqa if flavour == "vllm-gqa" else args.gqa[:1]):
+                    for kernel in args.kernel:
+                        row = measure(flavour, kernel, head_size, cc, gqa=gqa)
+                        rows.append(row)
+                        print(format_row(row), flush=True)
+                        if kernel == "v1" or (kernel == "v2" and "v1" not in args.kernel):
+                            summaries += [summary_line(row, g) for g in ([gqa] if flavour == "vllm-gqa"
+                                                                         else args.gqa)]
+    print("\n".join(summaries))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 

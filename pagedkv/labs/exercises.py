@@ -232,10 +232,11 @@ def _kernel_lane_work(lane, block_size, num_words):
 
 
 def _grids():
+    """vllm's v1 grid (a thread block per query head) and vllm-gqa's v2 grid (one per KV head and partition)."""
     from ..kernels.cuda import PARTITION_SIZE
 
-    num_seqs, num_heads, longest = 8, 32, 2000
-    return (num_heads, num_seqs), (num_heads, num_seqs, -(-longest // PARTITION_SIZE))
+    num_seqs, num_heads, num_kv_heads, longest = 8, 32, 8, 2000
+    return (num_heads, num_seqs), (num_kv_heads, num_seqs, -(-longest // PARTITION_SIZE))
 
 
 # -------------------------------------------------------------- 08 visualizer
@@ -417,8 +418,9 @@ EXERCISES: dict[str, Exercise] = {
                       hint="first find the group size, the group (lane // group size) and the rank in the group; "
                            "a group's tokens step by the number of groups in a warp, a rank's words by the group "
                            "size."),
-    "07.E2": Exercise("(v1 grid, v2 grid)", expected=_grids,
-                      hint="x is the query head, y the sequence, z (v2 only) the partition of 512 tokens."),
+    "07.E2": Exercise("(vllm v1 grid, vllm-gqa v2 grid)", expected=_grids,
+                      hint="x is the query head for vllm but the KV head for vllm-gqa; y the sequence; z (v2 only) "
+                           "the partition of 512 tokens."),
     "08.E1": Exercise("blocks freed by free('A'), in queue order", expected=_scenario_free_a,
                       hint="a block returns to the queue only when its ref count reaches 0, and a table is freed "
                            "from its last block."),

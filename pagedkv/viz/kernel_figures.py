@@ -1,0 +1,346 @@
+"""Pictures of the paged attention kernel (notebook 07), each with the text it draws.
+
+Every figure is computed from the package: the thread-group arithmetic from
+``kernels.cuda_vllm.thread_group_layout``, block tables from a real cache, the
+static estimates from ``static_report``'s rows (``pagedkv/data/static_estimates.json``).
+Each ``*_figure`` function has a ``*_text`` twin that says the same in words, which is
+what nbval compares.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from ..kernels.cuda_device import WARP_SIZE
+from ..kernels.cuda_vllm import WORD_BYTES, thread_group_layout
+from .block_map import PALETTE
+
+STATIC_ESTIMATES = Path(__file__).resolve().parent.parent / "data" / "static_estimates.json"
+
+
+def _box(ax, x, y, w, h, text="", color="#FFFFFF", edge="#333333", size=9, bold=False, lw=1.0):
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, linewidth=lw))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size,
+                fontweight="bold" if bold else "normal")
+
+
+def _arrow(ax, start, end, color="#555555"):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=9, color=color, linewidth=1))
+
+
+# ------------------------------------------------------------------ who does what
+
+
+def lane_work(lane: int, block_size: int, words: int) -> tuple[list[int], list[int]]:
+    """The token offsets inside a block and the 64-bit words of each token's row one lane reads (K pass)."""
+    group_size, groups_per_warp, _, _ = thread_group_layout(block_size, words)
+    group, rank = lane // group_size, lane % group_size
+    return list(range(group, block_size, groups_per_warp)), list(range(rank, words, group_size))
+
+
+def warp_blocks(num_blocks: int, num_warps: int) -> list[list[int]]:
+    """The logical blocks each warp takes: ``w, w + num_warps, ...``."""
+    return [list(range(w, num_blocks, num_warps)) for w in range(num_warps)]
+
+
+def kernel_mapping_text(block_table, seq_len: int, num_heads: int, num_seqs: int, block_size: int = 16,
+                        num_threads: int = 128, head_size: int = 128, element_bytes: int = 2) -> str:
+    """In words: the grid, one thread block's warps and their blocks, one warp's thread groups."""
+    num_warps = num_threads // WARP_SIZE
+    num_blocks = -(-seq_len // block_size)
+    words = head_size * element_bytes // WORD_BYTES
+    group_size, groups_per_warp, _, _ = thread_group_layout(block_size, words)
+    lines = [f"grid (num_heads, num_seqs) = ({num_heads}, {num_seqs}): {num_heads * num_seqs} thread blocks; "
+             f"thread block (head 0, seq 0) has {num_threads} threads = {num_warps} warps",
+             f"sequence 0: {seq_len} tokens in {num_blocks} blocks of {block_size}"]
+    for w, blocks in enumerate(warp_blocks(num_blocks, num_warps)):
+        physical = ", ".join(str(int(block_table[b])) for b in blocks) or "-"
+        lines.append(f"  warp {w}: logical blocks {', '.join(map(str, blocks)) or '-'} -> physical {physical}")
+    lines.append(f"inside a warp: {groups_per_warp} thread groups of {group_size} lanes (one token each); "
+                 f"a row is {words} words of {WORD_BYTES} bytes")
+    for lane in range(min(group_size * 2, WARP_SIZE)):
+        tokens, lane_words = lane_work(lane, block_size, words)
+        lines.append(f"  lane {lane}: token {', '.join(map(str, tokens))}; words {lane_words[0]}, "
+                     f"{lane_words[1] if len(lane_words) > 1 else ''}... ({len(lane_words)} loads of 8 bytes)")
+    lines.append(f"  so a thread group fetches {group_size * WORD_BYTES} bytes of a key row at a time")
+    return "\n".join(lines)
+
+
+def kernel_mapping_figure(block_table, seq_len: int, num_heads: int, num_seqs: int, block_size: int = 16,
+                          num_threads: int = 128, head_size: int = 128, element_bytes: int = 2):
+    """Grid -> one thread block -> its warps -> the block table -> one warp's thread groups and lanes."""
+    num_warps = num_threads // WARP_SIZE
+    num_blocks = -(-seq_len // block_size)
+    words = head_size * element_bytes // WORD_BYTES
+    group_size, groups_per_warp, _, _ = thread_group_layout(block_size, words)
+    fig, ax = plt.subplots(figsize=(8.6, 6.4))
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 76)
+    ax.axis("off")
+
+    ax.text(0, 74, f"1. grid (num_heads, num_seqs)\n    = ({num_heads}, {num_seqs})", fontsize=10,
+            fontweight="bold", va="top")
+    for h in range(num_heads):
+        for s in range(num_seqs):
+            chosen = h == 0 and s == 0
+            _box(ax, 2 + 7 * h, 60 - 5 * s, 6.4, 4.4, f"{h},{s}", "#FFD27F" if chosen else "#F2F2F2", size=8.5)
+    ax.text(2, 60 - 5 * num_seqs + 3.5, "a thread block per\n(query head, sequence)", fontsize=9, va="top")
+
+    ax.text(46, 74, f"2. thread block (head 0, seq 0): {num_warps} warps\n"
+                    f"    take its {num_blocks} blocks in turn", fontsize=10, fontweight="bold", va="top")
+    for w, blocks in enumerate(warp_blocks(num_blocks, num_warps)):
+        y = 60 - 5.2 * w
+        color = PALETTE[w % len(PALETTE)]
+        _box(ax, 46, y, 9, 4.2, f"warp {w}", color, size=9)
+        for k, b in enumerate(blocks):
+            x = 60 + 12 * k
+            _box(ax, x, y, 11, 4.2, f"L{b} -> P{int(block_table[b])}", color, size=8.5)
+        if blocks:
+            _arrow(ax, (55, y + 2.1), (60, y + 2.1))
+    ax.text(46, 60 - 5.2 * num_warps + 1.5, "logical block L -> physical block P: one block-table\n"
+                                             "read per warp and block", fontsize=9, va="top")
+
+    y0 = 29
+    ax.text(0, y0 + 5, f"3. inside one warp: {groups_per_warp} thread groups of {group_size} lanes "
+                       f"(max(32 // block_size, 1));\n    group g takes token g of the block", fontsize=10,
+            fontweight="bold", va="top")
+    cell = 100 / WARP_SIZE
+    for lane in range(WARP_SIZE):
+        group = lane // group_size
+        _box(ax, lane * cell, y0 - 6, cell * 0.92, 4, str(lane), PALETTE[group % len(PALETTE)], size=8)
+    ax.text(0, y0 - 8.5, "lanes, coloured by thread group", fontsize=9, va="top")
+    tokens_shown = min(block_size, groups_per_warp, 8)
+    for t in range(tokens_shown):
+        x = t * 12.5
+        _box(ax, x, 6, 11.5, 6, f"token {t}\n{words} words", PALETTE[t % len(PALETTE)], size=8.5)
+        lane = t * group_size
+        _arrow(ax, (lane * cell + cell / 2, y0 - 6), (x + 5.75, 12))
+    ax.text(0, 3, f"lane rank r of a group reads words r, r + {group_size}, ... of its token's row "
+                  f"({WORD_BYTES} bytes each): the group fetches {group_size * WORD_BYTES} bytes at a time",
+            fontsize=9, va="top")
+    fig.suptitle(f"Who reads what: the vLLM-shaped kernel, block_size {block_size}, head {head_size}, "
+                 f"{num_threads} threads", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ cache layouts
+
+
+def layout_orders(block_size: int, head_size: int, element_bytes: int = 2) -> dict[str, list[tuple[int, int]]]:
+    """(token, dim) of each element of one KV head's block, in memory order, for each layout."""
+    x = 16 // element_bytes  # vLLM's x: elements in a 16-byte vector
+    return {
+        "pagedkv K and V [block, token, kv_head, dim]": [(t, d) for t in range(block_size) for d in range(head_size)],
+        "vLLM key [block, kv_head, dim // x, token, x]": [(t, v * x + i) for v in range(head_size // x)
+                                                          for t in range(block_size) for i in range(x)],
+        "vLLM value [block, kv_head, dim, token]": [(t, d) for d in range(head_size) for t in range(block_size)],
+    }
+
+
+def cache_layout_text(block_size: int = 4, head_size: int = 16, element_bytes: int = 2, first: int = 20) -> str:
+    lines = []
+    for name, order in layout_orders(block_size, head_size, element_bytes).items():
+        shown = " ".join(f"t{t}d{d}" for t, d in order[:first])
+        lines.append(f"{name}:\n  {shown} ...")
+    return "\n".join(lines)
+
+
+def cache_layout_figure(block_size: int = 4, head_size: int = 16, element_bytes: int = 2):
+    """One KV head's block in memory order under each layout, each element coloured by its token."""
+    orders = layout_orders(block_size, head_size, element_bytes)
+    fig, axes = plt.subplots(len(orders), 1, figsize=(8.6, 3.9))
+    n = block_size * head_size
+    for ax, (name, order) in zip(axes, orders.items()):
+        for i, (t, _) in enumerate(order):
+            ax.add_patch(Rectangle((i, 0), 1, 1, facecolor=PALETTE[t % len(PALETTE)], edgecolor="white",
+                                   linewidth=0.5))
+        starts = [0] + [i for i in range(1, n) if order[i][0] != order[i - 1][0]]
+        for k, s in enumerate(starts):
+            e = starts[k + 1] if k + 1 < len(starts) else n
+            run = e - s
+            if run >= 4:
+                t, d = order[s]
+                ax.text(s + run / 2, 0.5, f"t{t} d{d}-{order[e - 1][1]}", ha="center", va="center", fontsize=8.5)
+        ax.set_xlim(0, n)
+        ax.set_ylim(0, 1)
+        ax.set_yticks([])
+        ax.set_xticks([0, n // 2, n])
+        ax.tick_params(labelsize=8.5)
+        ax.set_title(name, fontsize=9.5, loc="left")
+    axes[-1].set_xlabel(f"element offset in one KV head's block (block_size {block_size}, head {head_size}, "
+                        f"fp16: x = {16 // element_bytes}); colour = token", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ v2 partitions
+
+
+def partition_stats(logits: torch.Tensor, partition_size: int) -> list[dict]:
+    """Per partition: its tokens, max logit m_p, sum s_p = sum exp(l - m_p), and weight s_p exp(m_p - M) / total."""
+    parts = [(s, min(s + partition_size, len(logits))) for s in range(0, len(logits), partition_size)]
+    global_max = float(logits.max())
+    stats = [dict(start=s, end=e, m=float(logits[s:e].max()),
+                  s=float(torch.exp(logits[s:e] - logits[s:e].max()).sum())) for s, e in parts]
+    total = sum(p["s"] * np.exp(p["m"] - global_max) for p in stats)
+    for p in stats:
+        p["weight"] = p["s"] * np.exp(p["m"] - global_max) / total
+    return stats
+
+
+def v2_partitions_text(logits: torch.Tensor, partition_size: int) -> str:
+    lines = [f"{len(logits)} tokens, partitions of {partition_size}: "
+             f"{-(-len(logits) // partition_size)} thread blocks per (head, sequence), then one reduce"]
+    for i, p in enumerate(partition_stats(logits, partition_size)):
+        lines.append(f"  partition {i}: tokens {p['start']}-{p['end'] - 1}, m_p {p['m']:+.2f}, s_p {p['s']:.2f}, "
+                     f"weight in the reduce {p['weight']:.2f}")
+    return "\n".join(lines)
+
+
+def v2_partitions_figure(logits: torch.Tensor, partition_size: int):
+    """Top: each partition's logits and its own max. Bottom: how much of the output each partition carries."""
+    stats = partition_stats(logits, partition_size)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.2, 4.6), gridspec_kw=dict(height_ratios=(2, 1)))
+    for i, p in enumerate(stats):
+        tokens = range(p["start"], p["end"])
+        top.bar(tokens, logits[p["start"]:p["end"]].numpy(), color=PALETTE[i % len(PALETTE)],
+                label=f"partition {i}")
+        top.hlines(p["m"], p["start"] - 0.4, p["end"] - 0.6, colors="#333333", linestyles="--")
+        top.text(p["end"] - 0.5, p["m"], f" m{i}", va="bottom", fontsize=9)
+    top.set_ylabel("logit q.k / sqrt(d)", fontsize=9)
+    top.set_xlabel("token", fontsize=9)
+    top.set_title(f"v2: one thread block per partition of {partition_size} tokens; each keeps its max m_p, "
+                  f"its sum s_p, its output o_p", fontsize=9.5)
+    top.legend(fontsize=8.5, ncol=len(stats), loc="lower left")
+    names = [f"partition {i}" for i in range(len(stats))]
+    bottom.barh(names, [p["weight"] for p in stats], color=[PALETTE[i % len(PALETTE)] for i in range(len(stats))])
+    bottom.set_xlim(0, 1)
+    bottom.set_xlabel("weight in the reduce: s_p exp(m_p - M) / sum over partitions (M = max m_p)", fontsize=9)
+    bottom.tick_params(labelsize=8.5)
+    top.tick_params(labelsize=8.5)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ GQA grouping
+
+
+def gqa_text(num_heads: int, num_kv_heads: int) -> str:
+    group = num_heads // num_kv_heads
+    lines = [f"{num_heads} query heads, {num_kv_heads} KV heads: query heads {group}k..{group}k+{group - 1} "
+             "read KV head k"]
+    for k in range(num_kv_heads):
+        heads = ", ".join(str(h) for h in range(k * group, (k + 1) * group))
+        lines.append(f"  KV head {k}: query heads {heads}")
+    lines.append(f"vllm (a thread block per query head): {num_heads} thread blocks per sequence; each KV head's "
+                 f"K/V is read {group} times")
+    lines.append(f"vllm-gqa (a thread block per KV head): {num_kv_heads} thread blocks per sequence; read once, "
+                 f"multiplied into {group} dot products")
+    return "\n".join(lines)
+
+
+def gqa_figure(num_heads: int = 8, num_kv_heads: int = 2):
+    """Which query heads read which KV head, and which thread block does it, in the two vLLM-shaped flavours."""
+    group = num_heads // num_kv_heads
+    fig, axes = plt.subplots(1, 2, figsize=(8.6, 3.4))
+    width = 100 / num_heads
+    for ax, grouped in zip(axes, (False, True)):
+        ax.set_xlim(0, 100)
+        ax.set_ylim(0, 40)
+        ax.axis("off")
+        for k in range(num_kv_heads):
+            x = (k * group + group / 2) * width - 12
+            _box(ax, x, 2, 24, 7, f"KV head {k}\nK, V", "#DDDDDD", size=9)
+        for h in range(num_heads):
+            k = h // group
+            color = PALETTE[k % len(PALETTE)]
+            _box(ax, h * width + 0.5, 28, width - 1, 7, f"q{h}", color, size=9)
+            if not grouped:
+                _box(ax, h * width + 0.5, 26.5, width - 1, 10, "", "none", edge="#222222", lw=1.6)
+                _arrow(ax, (h * width + width / 2, 26.5), ((k * group + group / 2) * width, 9))
+        if grouped:
+            for k in range(num_kv_heads):
+                _box(ax, k * group * width + 0.2, 26.5, group * width - 0.4, 10, "", "none", edge="#222222", lw=1.6)
+                _arrow(ax, ((k * group + group / 2) * width, 26.5), ((k * group + group / 2) * width, 9))
+        title = (f"vllm-gqa: {num_kv_heads} thread blocks, each K/V\nelement loaded once for {group} heads"
+                 if grouped else f"vllm: {num_heads} thread blocks (outlined),\neach KV head loaded {group} times")
+        ax.set_title(title, fontsize=9.5)
+    fig.suptitle(f"Grouped-query attention: {num_heads} query heads share {num_kv_heads} KV heads", fontsize=10.5)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ static estimates
+
+
+def load_static_estimates(path=STATIC_ESTIMATES) -> list[dict]:
+    """The rows ``python -m pagedkv.kernels.static_report --json`` wrote (sm_90, head 128, fp16)."""
+    return json.loads(Path(path).read_text())
+
+
+def estimate_points(rows: list[dict], kernel: str = "v1", gqa_values=(1, 4)) -> list[dict]:
+    """One point per (flavour, gqa): warp instructions and K/V bytes per (query head, token)."""
+    from ..kernels.static_report import hbm_fraction
+
+    points = []
+    for row in rows:
+        if row["kernel"] != kernel:
+            continue
+        for gqa in gqa_values:
+            if row["flavour"] == "vllm-gqa" and row["gqa"] != gqa:
+                continue
+            instructions = sum(per for _, _, per in row["loops"])
+            kv_bytes = 2 * row["head_size"] * 2 / gqa
+            points.append(dict(flavour=row["flavour"], gqa=gqa, instructions=instructions, bytes=kv_bytes,
+                               hbm=hbm_fraction(instructions, row["head_size"], gqa),
+                               occupancy=row["occupancy"], registers=row["registers"]))
+    return points
+
+
+def static_estimates_text(rows: list[dict]) -> str:
+    lines = ["static estimate, not measured (sm_90, head 128, fp16, v1):"]
+    for p in estimate_points(rows):
+        lines.append(f"  {p['flavour']:<8} gqa {p['gqa']}: {p['instructions']:5.0f} warp instructions and "
+                     f"{p['bytes']:3.0f} bytes of K/V per (query head, token) -> issue allows {p['hbm']:5.0%} of "
+                     f"H100 HBM")
+    return "\n".join(lines)
+
+
+def static_estimates_figure(rows: list[dict]):
+    """A roofline in instructions: bytes per warp instruction against the bandwidth the issue rate allows."""
+    from ..kernels.static_report import H100_HBM_BYTES_PER_S, H100_WARP_INSTRUCTIONS_PER_S
+
+    points = estimate_points(rows)
+    fig, ax = plt.subplots(figsize=(7.6, 4.4))
+    intensity = np.logspace(-1, 1.5, 200)  # bytes per warp instruction
+    roof = np.minimum(intensity * H100_WARP_INSTRUCTIONS_PER_S, H100_HBM_BYTES_PER_S) / 1e12
+    ax.plot(intensity, roof, color="#333333")
+    ax.text(0.12, 0.16, "issue-bound:\n0.93e12 warp instr/s x bytes/instr", fontsize=8.5, rotation=0)
+    ax.text(0.12, 3.9, "H100 HBM3: 3.35 TB/s (memory-bound)", fontsize=8.5)
+    ax.set_ylim(0.07, 7)
+    markers = {"tree": "o", "vllm": "s", "vllm-gqa": "D"}
+    for i, p in enumerate(points):
+        if p["flavour"] == "vllm-gqa" and p["gqa"] == 1:
+            continue  # the same kernel as vllm (one query head per thread block)
+        x = p["bytes"] / p["instructions"]
+        y = min(x * H100_WARP_INSTRUCTIONS_PER_S, H100_HBM_BYTES_PER_S) / 1e12
+        ax.scatter([x], [y], marker=markers[p["flavour"]], s=60, color=PALETTE[i % len(PALETTE)], zorder=3,
+                   edgecolor="#222222",
+                   label=f"{p['flavour']}, gqa {p['gqa']}: {p['instructions']:.0f} instr, {p['bytes']:.0f} B")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes of K/V per warp instruction (per query head and token)", fontsize=9)
+    ax.set_ylabel("TB/s the kernel could stream", fontsize=9)
+    ax.set_title("Static estimate, not measured: SASS loop counts on an issue-rate model", fontsize=10)
+    ax.tick_params(labelsize=8.5)
+    ax.legend(fontsize=8.5, loc="lower right")
+    fig.tight_layout()
+    return fig

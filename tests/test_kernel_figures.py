@@ -1,0 +1,104 @@
+"""Notebook 07's pictures: what they say is the kernels' own arithmetic, and the static estimates are fresh."""
+
+import os
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pagedkv import PagedKVError  # noqa: E402
+from pagedkv.labs.exercises import _kernel_lane_work  # noqa: E402
+from pagedkv.viz import kernel_figures as kf  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def test_lane_work_is_the_kernels_layout():
+    for lane, block_size, words in ((0, 16, 32), (5, 16, 32), (31, 8, 16), (3, 64, 32), (9, 1, 64)):
+        assert kf.lane_work(lane, block_size, words) == _kernel_lane_work(lane, block_size, words)
+
+
+def test_mapping_text_names_each_warps_blocks_through_the_table():
+    table = [7, 2, 11, 5, 9, 0, 4]
+    text = kf.kernel_mapping_text(table, 100, num_heads=4, num_seqs=3)
+    assert "(4, 3): 12 thread blocks" in text and "100 tokens in 7 blocks of 16" in text
+    assert "warp 0: logical blocks 0, 4 -> physical 7, 9" in text
+    assert "warp 3: logical blocks 3 -> physical 5" in text
+    assert "16 thread groups of 2 lanes" in text and "fetches 16 bytes" in text  # vLLM's VEC_SIZE arithmetic
+    assert kf.kernel_mapping_figure(table, 100, 4, 3).axes
+
+
+def test_layout_orders_follow_each_shape():
+    orders = kf.layout_orders(block_size=4, head_size=16)
+    ours, key, value = orders.values()
+    assert ours[:3] == [(0, 0), (0, 1), (0, 2)] and ours[16] == (1, 0)
+    assert key[:9] == [(0, d) for d in range(8)] + [(1, 0)]  # an x-vector of 8 fp16 values, then the next token
+    assert key[32] == (0, 8)  # after every token's first vector, token 0's second
+    assert value[:5] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1)]
+    assert all(sorted(o) == sorted(ours) for o in orders.values())  # the same elements, reordered
+    assert kf.cache_layout_figure().axes and "vLLM key" in kf.cache_layout_text()
+
+
+def test_partition_weights_rebuild_the_whole_softmax():
+    g = torch.Generator().manual_seed(0)
+    logits, values = torch.randn(20, generator=g) * 3, torch.randn(20, 4, generator=g)
+    stats = kf.partition_stats(logits, 8)
+    assert [(p["start"], p["end"]) for p in stats] == [(0, 8), (8, 16), (16, 20)]
+    assert sum(p["weight"] for p in stats) == pytest.approx(1.0)
+    combined = sum(p["weight"] * (torch.softmax(logits[p["start"]:p["end"]], 0) @ values[p["start"]:p["end"]])
+                   for p in stats)
+    torch.testing.assert_close(combined, torch.softmax(logits, 0) @ values, atol=1e-5, rtol=1e-5)
+    assert "3 thread blocks" in kf.v2_partitions_text(logits, 8)
+    assert kf.v2_partitions_figure(logits, 8).axes
+
+
+def test_gqa_text_counts_blocks_and_reads():
+    text = kf.gqa_text(8, 2)
+    assert "KV head 1: query heads 4, 5, 6, 7" in text
+    assert "8 thread blocks per sequence; each KV head's K/V is read 4 times" in text
+    assert "2 thread blocks per sequence; read once" in text
+    assert len(kf.gqa_figure(8, 2).axes) == 2
+
+
+def test_static_estimates_meet_the_kernel_issue_targets():
+    """The shipped estimates (sm_90, head 128, fp16): the grouped kernel <= 40 warp instructions per (query head,
+    token) at GQA 4, the vLLM-shaped one <= 60 at MHA, occupancy >= 50%, nothing spilled."""
+    points = {(p["flavour"], p["gqa"]): p for p in kf.estimate_points(kf.load_static_estimates())}
+    assert points[("vllm-gqa", 4)]["instructions"] <= 40 and points[("vllm", 1)]["instructions"] <= 60
+    assert points[("vllm-gqa", 1)]["instructions"] <= 60
+    rows = [r for r in kf.load_static_estimates() if r["flavour"] != "tree"]
+    assert all(r["occupancy"] >= 0.5 and r["spill_bytes"] == 0 and r["sm"] == "sm_90" for r in rows)
+    assert "static estimate, not measured" in kf.static_estimates_text(kf.load_static_estimates())
+    assert kf.static_estimates_figure(kf.load_static_estimates()).axes
+
+
+def test_the_shipped_estimate_is_what_the_report_measures_now():
+    """Re-measure the grouped kernel's row: the JSON the notebook draws must not go stale as the kernel changes."""
+    pytest.importorskip("cuda.core")
+    try:
+        from pagedkv.kernels.static_report import nvdisasm
+        nvdisasm()
+    except PagedKVError as error:
+        pytest.skip(str(error))  # the perf extra is not installed
+    code = ("import json; from pagedkv.kernels.static_report import measure; "
+            "print(json.dumps(measure('vllm-gqa', 'v1', 128, (9, 0), gqa=4)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PAGEDKV_QUIET": "1"})
+    assert r.returncode == 0, r.stderr
+    import json
+
+    fresh = json.loads(r.stdout.strip().splitlines()[-1])
+    shipped = next(row for row in kf.load_static_estimates()
+                   if (row["flavour"], row["kernel"], row["gqa"]) == ("vllm-gqa", "v1", 4))
+    assert fresh == shipped, "re-run: python -m pagedkv.kernels.static_report --cc 9.0 --head-size 128 " \
+                             "--kernel v1 v2 --gqa 1 4 --json pagedkv/data/static_estimates.json"
