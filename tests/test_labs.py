@@ -80,17 +80,17 @@ def test_checks_print_and_never_raise(capsys):
     check.report("x", 2, 3, "hint here")
     check.report("x", "3", 3)
     check.report("x", 3.0001, 3, tolerance=1e-3)
-    check.exercise("02.E2", lambda table, bs, n: 1 / 0)
-    check.exercise("02.E2", lambda table, bs, n: [0] * n)
-    check.exercise("02.E2", 42)
+    check.exercise("07.E1", lambda lane, bs, n: 1 / 0)
+    check.exercise("07.E1", lambda lane, bs, n: ([0], [0]))
+    check.exercise("07.E1", 42)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[not yet] x: no answer yet")
     assert out[1] == "[not yet] x: 2 is not it yet: the answer is too low. Hint: hint here"
     assert out[2] == "[not yet] x: '3' is not it yet: the answer should be a number, not a str."
     assert out[3].startswith("[ok]")
-    assert "raised ZeroDivisionError" in out[4] and "check.reveal('02.E2')" in out[4]
-    assert out[5].startswith("[not yet] 02.E2 slot_mapping([0], 4, 3) returned [0, 0, 0]: value 2 is too low.")
-    assert out[6] == "[not yet] 02.E2 slot_mapping: expected a function, got a int."
+    assert "raised ZeroDivisionError" in out[4] and "check.reveal('07.E1')" in out[4]
+    assert out[5].startswith("[not yet] 07.E1 lane_work(0, 16, 16) returned ([0], [0]): ")
+    assert out[6] == "[not yet] 07.E1 lane_work: expected a function, got a int."
 
 
 @pytest.mark.parametrize("answer", [(150, 250, 1648), [150, 250, 1648], np.array([150, 250, 1648]),
@@ -122,8 +122,8 @@ def test_a_failed_check_never_shows_the_answer(capsys):
 def test_reveal_shows_the_answer_on_request(capsys):
     check.reveal("05.E2")
     assert "05.E2 the new request's blocks: [0, 3]" in capsys.readouterr().out
-    check.reveal("02.E2")
-    assert "def slot_mapping" in capsys.readouterr().out
+    check.reveal("07.E1")
+    assert "def lane_work" in capsys.readouterr().out
 
 
 def test_grading_mode_raises_the_same_message(capsys):
@@ -134,11 +134,22 @@ def test_grading_mode_raises_the_same_message(capsys):
         with pytest.raises(AssertionError, match="02.E1 next block: 0 is not it yet"):
             check.exercise("02.E1", 0)
         with pytest.raises(AssertionError, match="not written yet"):
-            check.exercise("02.E3", lambda *args: exec("raise NotImplementedError"))
+            check.exercise("07.E1", lambda *args: exec("raise NotImplementedError"))
         assert check.exercise("02.E1", 4)
     finally:
         check.grading(False)
     assert capsys.readouterr().out.startswith("[ok] 02.E1")
+
+
+@pytest.mark.parametrize("execution", ["autograde", "validate"])
+def test_grading_is_on_by_itself_under_nbgrader(monkeypatch, capsys, execution):
+    """nbgrader sets NBGRADER_EXECUTION for the kernels it runs: no hidden line needed to grade."""
+    monkeypatch.setenv("NBGRADER_EXECUTION", execution)
+    with pytest.raises(AssertionError, match="02.E1 next block: 0 is not it yet"):
+        check.exercise("02.E1", 0)
+    monkeypatch.delenv("NBGRADER_EXECUTION")
+    assert not check.exercise("02.E1", 0)  # a student's notebook: a message, no exception
+    assert "[not yet] 02.E1" in capsys.readouterr().out
 
 
 def test_every_exercise_solution_passes_its_own_check(capsys):

@@ -118,7 +118,8 @@ def graded(tmp_path_factory):
     with nudging(kernels, "tmp*.json"):
         for student, (_, process) in runs.items():
             finish(process, f"autograde {student}")
-    return course, {student: scores(copy, student) for student, (copy, _) in runs.items()}
+    logs = {student: process.log.read_text() for student, (_, process) in runs.items()}
+    return course, {student: scores(copy, student) for student, (copy, _) in runs.items()}, logs
 
 
 def test_every_notebook_has_two_graded_exercises():
@@ -126,11 +127,14 @@ def test_every_notebook_has_two_graded_exercises():
         assert len(graded_cells(path)) >= 2, path.name
         for cell in graded_cells(path):
             meta = cell["metadata"]["nbgrader"]
-            assert meta["locked"] and meta["points"] >= 1 and "BEGIN HIDDEN TESTS" in "".join(cell["source"])
+            source = "".join(cell["source"])
+            # no hidden lines: nbgrader switches grading on by itself (NBGRADER_EXECUTION), and a released check
+            # cell is the source cell, so autograde finds every checksum as it stored it
+            assert meta["locked"] and meta["points"] >= 1 and "HIDDEN" not in source and "grading()" not in source
 
 
 def test_released_notebooks_hold_no_answers(graded):
-    course, _ = graded
+    course, _, _ = graded
     for path in sorted((course / "release" / ASSIGNMENT).glob("*.ipynb")):
         text = path.read_text()
         assert "BEGIN SOLUTION" not in text and "grading()" not in text, path.name
@@ -141,18 +145,27 @@ def test_released_notebooks_hold_no_answers(graded):
 
 
 def test_blank_submission_scores_zero(graded):
-    _, by_student = graded
+    _, by_student, _ = graded
     assert len(by_student["blank"]) == len(SOLUTIONS)
     assert all(score == 0 and maximum > 0 for score, maximum in by_student["blank"].values())
 
 
 def test_solutions_score_full_marks(graded):
-    _, by_student = graded
+    _, by_student, _ = graded
     assert all(score == maximum for score, maximum in by_student["right"].values()), by_student["right"]
 
 
 def test_one_wrong_answer_costs_points_in_every_notebook(graded):
-    _, by_student = graded
+    _, by_student, _ = graded
     assert set(by_student["wrong"]) == set(WRONG)
     for number, (score, maximum) in by_student["wrong"].items():
         assert 0 < score < maximum, (number, score, maximum)
+
+
+def test_autograde_logs_no_warning(graded):
+    """An untouched or answered submission is graded without nbgrader warning about its cells: no changed
+    checksums (nbgrader#1961 made every hidden-test cell warn) and no outputs it cannot convert to a score."""
+    _, _, logs = graded
+    for student, log in logs.items():
+        assert "Attribute 'checksum'" not in log and "has changed" not in log, (student, log[-3000:])
+        assert "cannot be converted" not in log, (student, log[-3000:])

@@ -14,10 +14,12 @@ only the type differs).
 Two modes:
 
 * **student mode** (the default): prints ``[ok]`` or ``[not yet]`` and never raises;
-* **grading mode** (``check.grading()``, which nbgrader's hidden test lines
-  call, or ``PAGEDKV_GRADING=1``): a wrong or missing answer raises
-  ``AssertionError`` with the same message, so ``nbgrader autograde`` gives the
-  exercise no points.
+* **grading mode**: a wrong or missing answer raises ``AssertionError`` with
+  the same message, so ``nbgrader autograde`` gives the exercise no points.  It
+  is on by itself under nbgrader, which sets ``NBGRADER_EXECUTION`` to
+  ``autograde`` (or ``validate``) for the kernels it runs; ``check.grading()``
+  or ``PAGEDKV_GRADING=1`` switch it on anywhere else.  (The check cells need no
+  hidden line, so nbgrader finds them exactly as it released them.)
 """
 
 from __future__ import annotations
@@ -36,9 +38,14 @@ _grading = os.environ.get("PAGEDKV_GRADING") == "1"
 
 
 def grading(on: bool = True) -> None:
-    """Switch grading mode on (nbgrader's hidden tests do) or off."""
+    """Switch grading mode on or off by hand (under nbgrader it is on by itself: see ``grading_now``)."""
     global _grading
     _grading = bool(on)
+
+
+def grading_now() -> bool:
+    """True when a wrong answer must raise: switched on by hand, or the kernel runs under nbgrader."""
+    return _grading or os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate")
 
 
 def plain(value):
@@ -98,7 +105,7 @@ class CheckFailed(AssertionError):
 
 
 def _fail(message: str, key: str | None) -> None:
-    if _grading:
+    if grading_now():
         raise CheckFailed(message)
     print(message + (f" Stuck? check.reveal({key!r}) shows the answer." if key else ""))
 

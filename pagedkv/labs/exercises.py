@@ -73,32 +73,29 @@ def _next_block_after_frees():
     return allocator.allocate()
 
 
-def slot_mapping(block_table, block_size, num_tokens):
-    """The slot of every token: its physical block, times block_size, plus its offset in the block."""
-    return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(num_tokens)]
-
-
-def alloc_status(num_required_blocks, num_free_blocks, num_total_blocks, watermark_blocks):
-    """can_allocate's answer: NEVER if even an empty pool would dip below the watermark, OK if the free blocks
-    stay above it, LATER otherwise."""
-    from ..manager import AllocStatus
-
-    if num_total_blocks - num_required_blocks < watermark_blocks:
-        return AllocStatus.NEVER
-    if num_free_blocks - num_required_blocks >= watermark_blocks:
-        return AllocStatus.OK
-    return AllocStatus.LATER
-
-
-def _manager_alloc_status(num_required_blocks, num_free_blocks, num_total_blocks, watermark_blocks):
-    """The same question asked of a real BlockSpaceManager (block_size 1, so blocks == tokens)."""
+def _table_after_a_free():
+    """A 6-block pool: X (8 tokens) and Y (12) allocated, X freed, Z (10 tokens) allocated: Z's table, and the
+    slot its last token's K/V is written to."""
     from ..manager import BlockSpaceManager
 
-    watermark = (watermark_blocks + 0.5) / num_total_blocks  # int(watermark * total) == watermark_blocks
-    manager = BlockSpaceManager(1, num_total_blocks, watermark=watermark)
-    if num_total_blocks > num_free_blocks:
-        manager.allocate("others", range(num_total_blocks - num_free_blocks))
-    return manager.can_allocate(num_required_blocks)
+    manager = BlockSpaceManager(4, 6, watermark=0.0)
+    manager.allocate("X", range(8))
+    manager.allocate("Y", range(12))
+    manager.free("X")
+    manager.allocate("Z", range(10))
+    return manager.get_block_table("Z"), manager.get_slot_mapping("Z")[-1]
+
+
+def _longest_prompts():
+    """100 blocks of 16, watermark 0.05, 60 blocks in use: the longest prompt can_allocate admits now (OK),
+    and the longest it does not refuse for ever (not NEVER), found by asking it."""
+    from ..manager import AllocStatus, BlockSpaceManager
+
+    manager = BlockSpaceManager(16, 100, watermark=0.05)
+    manager.allocate("running", range(60 * 16))
+    status = {tokens: manager.can_allocate(tokens) for tokens in range(1, 100 * 16 + 1)}
+    return (max(t for t, s in status.items() if s == AllocStatus.OK),
+            max(t for t, s in status.items() if s != AllocStatus.NEVER))
 
 
 # ---------------------------------------------------------- 03 copy-on-write
@@ -241,21 +238,12 @@ def _grids():
 
 # -------------------------------------------------------------- 08 visualizer
 def _scenario_free_a():
-    """Notebook 08's scripted scenario, then ``free("A")``: the GPU blocks that join the free queue, in order."""
-    from ..viz.visualizer import BlockTableVisualizer
+    """Notebook 08's seven-step scenario, then C and A freed: the GPU blocks that join the free queue, in order."""
+    from ..viz.replay import replay_all
 
-    scenario = BlockTableVisualizer(block_size=4, num_gpu_blocks=10, num_cpu_blocks=4)
-    scenario.add_sequence(6)
-    scenario.add_sequence(9)
-    scenario.fork("A")
-    scenario.append("C", 1)
-    scenario.append("A", 6)
-    scenario.add_sequence(16)  # fails, changes nothing
-    scenario.swap_out("B")
-    scenario.add_sequence(12)
-    scenario.free("D")
-    scenario.swap_in("B")
+    scenario = replay_all()
     before = scenario.manager.free_block_ids()
+    scenario.free("C")
     scenario.free("A")
     return scenario.manager.free_block_ids()[len(before):]
 
@@ -374,15 +362,12 @@ EXERCISES: dict[str, Exercise] = {
                            "and V for every head of every layer."),
     "02.E1": Exercise("next block", expected=_next_block_after_frees,
                       hint="freed blocks join the tail of the free queue: which block is still ahead of them?"),
-    "02.E2": Exercise("slot_mapping", solution=slot_mapping,
-                      cases=(([0], 4, 3), ([2, 0], 4, 6), ([7, 3, 5], 2, 5), ([1, 9], 16, 17)),
-                      hint="token pos sits in logical block pos // block_size at offset pos % block_size; the "
-                           "block table turns the logical block into a physical one."),
-    "02.E3": Exercise("alloc_status", solution=alloc_status, reference=_manager_alloc_status,
-                      cases=((3, 44, 50, 5), (40, 44, 50, 5), (46, 50, 50, 5), (45, 50, 50, 5), (45, 49, 50, 5),
-                             (10, 10, 10, 0), (1, 0, 10, 0), (11, 10, 10, 0)),
-                      hint="NEVER asks whether the request could fit even in an empty pool; OK and LATER look at "
-                           "the free blocks now. Both keep watermark_blocks spare: is it < or >=?"),
+    "02.E2": Exercise("(Z's block table, the slot of Z's last token)", expected=_table_after_a_free,
+                      hint="X's blocks rejoin the free queue at its tail, last block first, behind the block "
+                           "nobody took yet; then slot = block * block_size + offset."),
+    "02.E3": Exercise("(longest prompt admitted now, longest ever admitted)", expected=_longest_prompts,
+                      hint="a prompt needs ceil(tokens / 16) blocks, and both tests keep 5 blocks spare: the "
+                           "free ones now (OK), or an empty pool (not NEVER). Is leaving exactly 5 allowed?"),
     "03.E1": Exercise("copies", expected=_child_append_copies,
                       hint="only a shared block that is partly filled is copied before a write; where do the "
                            "tokens go after the copy is full?"),
@@ -421,9 +406,9 @@ EXERCISES: dict[str, Exercise] = {
     "07.E2": Exercise("(vllm v1 grid, vllm-gqa v2 grid)", expected=_grids,
                       hint="x is the query head for vllm but the KV head for vllm-gqa; y the sequence; z (v2 only) "
                            "the partition of 512 tokens."),
-    "08.E1": Exercise("blocks freed by free('A'), in queue order", expected=_scenario_free_a,
+    "08.E1": Exercise("blocks freed by free('C') then free('A'), in queue order", expected=_scenario_free_a,
                       hint="a block returns to the queue only when its ref count reaches 0, and a table is freed "
-                           "from its last block."),
+                           "from its last block; which of C's blocks does A still hold?"),
     "08.E2": Exercise("C's table", expected=_forked_table,
                       hint="A's blocks rejoin at the queue's tail; C's first write goes to a shared, partly filled "
                            "block."),
