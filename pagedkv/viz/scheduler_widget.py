@@ -201,11 +201,17 @@ class SchedulerVisualizer:
             return
         with self.output:
             self.output.clear_output(wait=True)
-            fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), height_ratios=[3, 2])
-            draw_block_map(self.manager.snapshot(), ax=top)
-            draw_timeline(self.timeline, ax=bottom)
-            fig.tight_layout()
+            self.figure()
             plt.show()
+
+    def figure(self):
+        """The block map over the timeline, as the widget draws them: also a still picture where widgets do
+        not run (on GitHub, say)."""
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), height_ratios=[3, 2])
+        draw_block_map(self.manager.snapshot(), ax=top, key=True)
+        draw_timeline(self.timeline, ax=bottom)
+        fig.tight_layout()
+        return fig
 
     def _ipython_display_(self):
         from IPython.display import display
