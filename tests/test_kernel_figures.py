@@ -1,6 +1,6 @@
 """Notebook 07's pictures: what they say is the kernels' own arithmetic, and the static estimates are fresh."""
 
-import os
+import json
 import subprocess
 import sys
 
@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from perf_extra import real_mode_env, require_perf_extra  # noqa: E402
 
-from pagedkv import PagedKVError  # noqa: E402
 from pagedkv.labs.exercises import _kernel_lane_work  # noqa: E402
 from pagedkv.viz import kernel_figures as kf  # noqa: E402
 
@@ -84,19 +84,12 @@ def test_static_estimates_meet_the_kernel_issue_targets():
 
 def test_the_shipped_estimate_is_what_the_report_measures_now():
     """Re-measure the grouped kernel's row: the JSON the notebook draws must not go stale as the kernel changes."""
-    pytest.importorskip("cuda.core")
-    try:
-        from pagedkv.kernels.static_report import nvdisasm
-        nvdisasm()
-    except PagedKVError as error:
-        pytest.skip(str(error))  # the perf extra is not installed
+    require_perf_extra()
     code = ("import json; from pagedkv.kernels.static_report import measure; "
             "print(json.dumps(measure('vllm-gqa', 'v1', 128, (9, 0), gqa=4)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PAGEDKV_QUIET": "1"})
+                       env=real_mode_env(PAGEDKV_QUIET="1"))
     assert r.returncode == 0, r.stderr
-    import json
-
     fresh = json.loads(r.stdout.strip().splitlines()[-1])
     shipped = next(row for row in kf.load_static_estimates()
                    if (row["flavour"], row["kernel"], row["gqa"]) == ("vllm-gqa", "v1", 4))

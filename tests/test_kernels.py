@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from numba import float32
+from perf_extra import real_mode_env, require_perf_extra
 
-from pagedkv import BlockTableError, PagedKVError, ShapeError, paged_attention, reference_paged_attention
+from pagedkv import BlockTableError, ShapeError, paged_attention, reference_paged_attention
 from pagedkv.kernels import CUDA_MODE, check_attention_args, gather_kv  # first: sets the CUDA mode
 from pagedkv.kernels.cuda import paged_attention_cuda
 from pagedkv.kernels.ptx import fp64_lines
@@ -345,7 +346,7 @@ def test_numba_cuda_imported_first_in_the_wrong_mode_warns():
 
 def test_ptx_for_a_real_gpu_has_no_fp64():
     r = subprocess.run([sys.executable, "-m", "pagedkv.kernels.ptx", "--cc", "9.0"], capture_output=True,
-                       text=True, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
+                       text=True, env=real_mode_env(), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 18 and all(line.endswith("ok") for line in lines)  # 3 flavours x 2 dtypes x 3 kernels
@@ -353,15 +354,10 @@ def test_ptx_for_a_real_gpu_has_no_fp64():
 
 def test_static_report_reads_the_linker_and_the_sass():
     """The cheap part of ``bench_attention.py --static``: one kernel, linked for sm_90, disassembled."""
-    pytest.importorskip("cuda.core")
-    try:
-        from pagedkv.kernels.static_report import nvdisasm
-        nvdisasm()
-    except PagedKVError as error:
-        pytest.skip(str(error))  # the perf extra is not installed
+    require_perf_extra()
     r = subprocess.run([sys.executable, "-m", "pagedkv.kernels.static_report", "--cc", "9.0", "--head-size", "32",
                         "--flavour", "tree", "--kernel", "v1"], capture_output=True, text=True,
-                       env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
+                       env=real_mode_env(), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     row = r.stdout.splitlines()[1].split()
     assert row[:5] == ["sm_90", "tree", "v1", "32", "-"]

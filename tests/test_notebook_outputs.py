@@ -49,3 +49,5 @@ def test_only_the_displayed_widgets_keep_state():
                  if "application/vnd.jupyter.widget-view+json" in o.get("data", {})}
         assert shown <= set(models) or not models, path.name
         assert len(models) <= 100 * max(1, len(shown)), (path.name, len(models), len(shown))
+        # a widget's drawing is not stored twice: the still picture beside it is what readers see
+        assert "image/png" not in json.dumps(models), f"{path.name}: an image in the stored widget state"

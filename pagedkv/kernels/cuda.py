@@ -47,7 +47,7 @@ from ..errors import PagedKVValueError
 from .backend import CudaMode, announce_simulator
 from .cuda_device import NEG_INF, _add, _max, tree_reduction
 from .cuda_vllm import FLAVOURS as VLLM_FLAVOURS
-from .cuda_vllm import build_vllm_kernels, check_sizes, flat_words
+from .cuda_vllm import build_vllm_kernels, check_sizes, flat_words, heads_per_block
 
 PARTITION_SIZE = 512  # v2's default partition, as in vLLM
 MAX_V1_TOKENS = 8192  # 32 KB of float32 logits: v1 past this would overflow 48 KB of static shared memory
@@ -55,19 +55,15 @@ FLAVOURS = ("tree",) + VLLM_FLAVOURS
 
 
 @functools.cache
-def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: str, logits_len: int,
-                  jit: bool = True):
+def build_kernels(head_size: int, block_size: int, num_threads: int, logits_len: int, jit: bool = True):
     """Build the v1, v2 and reduce kernels for one set of compile-time sizes (cached).
 
     ``logits_len`` is how many tokens one thread block handles at most: the
     longest sequence for v1, the partition size for v2.  With ``jit=False`` the
     kernels come back as plain Python functions, for ``cuda.compile_ptx``.
     """
-    if flavour != "tree":
-        raise PagedKVValueError(f"build_kernels builds the 'tree' flavour, got {flavour!r}.")
     if num_threads & (num_threads - 1) or num_threads < 1:
         raise PagedKVValueError(f"num_threads must be a power of two for the 'tree' kernel, got {num_threads}.")
-    out_red_len = 1  # the tree's p @ V needs no cross-warp sum: a thread owns whole output dims
     block_max = tree_reduction(_max, num_threads)
     block_sum = tree_reduction(_add, num_threads)
 
@@ -87,7 +83,7 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
         return local_max
 
     @cuda.jit(device=True)
-    def weighted_values(logits, value_cache, block_table, kv_head, start, end, inv_sum, out_row, out_red):
+    def weighted_values(logits, value_cache, block_table, kv_head, start, end, inv_sum, out_row):
         """Thread t owns output dims t, t+num_threads, ... and sums p_i * v_i over every token."""
         for d in range(cuda.threadIdx.x, head_size, num_threads):
             acc = float32(0.0)
@@ -98,7 +94,7 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
 
     @cuda.jit(device=True)
     def attend(out_row, query_row, key_cache, value_cache, block_table, kv_head, start, end, scale,
-               q_s, logits, red, out_red):
+               q_s, logits, red):
         """Softmax attention of one query over tokens [start, end); returns (max logit, sum of exps).
 
         out_row gets sum_i softmax_i * v_i, normalised over this range only.
@@ -115,7 +111,7 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
             local_sum += e
         total = block_sum(red, local_sum)  # its barrier also publishes every logits[j] above
         weighted_values(logits, value_cache, block_table, kv_head, start, end,
-                        float32(1.0) / total, out_row, out_red)
+                        float32(1.0) / total, out_row)
         return m, total
 
     def paged_attention_v1(out, query, key_cache, value_cache, block_tables, seq_lens, scale, num_queries_per_kv):
@@ -124,9 +120,8 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
         q_s = cuda.shared.array(head_size, float32)
         logits = cuda.shared.array(logits_len, float32)
         red = cuda.shared.array(num_threads, float32)
-        out_red = cuda.shared.array(out_red_len, float32)
         attend(out[seq, head], query[seq, head], key_cache, value_cache, block_tables[seq], kv_head,
-               0, seq_lens[seq], scale, q_s, logits, red, out_red)
+               0, seq_lens[seq], scale, q_s, logits, red)
 
     def paged_attention_v2(tmp_out, max_logits, exp_sums, query, key_cache, value_cache, block_tables,
                            seq_lens, scale, num_queries_per_kv):
@@ -139,9 +134,8 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
         q_s = cuda.shared.array(head_size, float32)
         logits = cuda.shared.array(logits_len, float32)
         red = cuda.shared.array(num_threads, float32)
-        out_red = cuda.shared.array(out_red_len, float32)
         m, total = attend(tmp_out[seq, head, part], query[seq, head], key_cache, value_cache, block_tables[seq],
-                          kv_head, start, min(start + logits_len, seq_len), scale, q_s, logits, red, out_red)
+                          kv_head, start, min(start + logits_len, seq_len), scale, q_s, logits, red)
         if cuda.threadIdx.x == 0:
             max_logits[seq, head, part] = m
             exp_sums[seq, head, part] = total
@@ -169,18 +163,18 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, flavour: st
 
 def _kernels(shape, num_threads: int, flavour: str, logits_len: int, dtype: torch.dtype, simulator: bool):
     """(v1, v2, reduce) of a flavour; the vLLM-shaped ones share the tree flavour's reduce kernel."""
-    reduce = build_kernels(shape.head_size, shape.block_size, num_threads, "tree", logits_len)[2]
+    tree = build_kernels(shape.head_size, shape.block_size, num_threads, logits_len)
     if flavour == "tree":
-        return build_kernels(shape.head_size, shape.block_size, num_threads, "tree", logits_len)
-    heads = shape.num_queries_per_kv if flavour == "vllm-gqa" else 1
+        return tree
     v1, v2 = build_vllm_kernels(shape.head_size, shape.block_size, num_threads, logits_len,
-                                str(dtype).removeprefix("torch."), simulator, heads)
-    return v1, v2, reduce
+                                str(dtype).removeprefix("torch."), simulator,
+                                heads_per_block(flavour, shape.num_queries_per_kv))
+    return v1, v2, tree[2]
 
 
 def max_v1_tokens(flavour: str, num_queries_per_kv: int) -> int:
     """The longest context v1 can hold: one thread block keeps every logit of its query heads in shared memory."""
-    return MAX_V1_TOKENS // num_queries_per_kv if flavour == "vllm-gqa" else MAX_V1_TOKENS
+    return MAX_V1_TOKENS // heads_per_block(flavour, num_queries_per_kv)
 
 
 def _default_flavour(shape, dtype: torch.dtype, simulator: bool, partition_size: int | None = None) -> str:
@@ -263,13 +257,11 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
 
     logits_len = partition_size or _next_power_of_two(max(shape.max_seq_len, 32))
     v1, v2, reduce = _kernels(shape, num_threads, flavour, logits_len, query.dtype, mode.simulator)  # checks sizes
-    extra = ()
-    heads_per_block = 1
+    extra, grid_heads = (), shape.num_heads
     if flavour != "tree":  # they read the caches as flat 64-bit words, strided by the number of KV heads
         key_cache, value_cache = flat_words(key_cache), flat_words(value_cache)
         extra = (np.int32(shape.num_kv_heads),)
-        heads_per_block = shape.num_queries_per_kv if flavour == "vllm-gqa" else 1
-    grid_heads = shape.num_heads // heads_per_block
+        grid_heads //= heads_per_block(flavour, shape.num_queries_per_kv)
 
     with _fast_thread_switching(mode.simulator), _on_tensors_gpu(query) as stream:
         args = [_on_device(t) for t in (query, key_cache, value_cache, block_tables, seq_lens)]

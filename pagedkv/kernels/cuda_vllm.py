@@ -83,6 +83,19 @@ def thread_group_layout(block_size: int, words: int) -> tuple[int, int, int, int
     return group_size, groups_per_warp, tokens_per_group, words_per_thread
 
 
+def lane_work(lane: int, block_size: int, words: int) -> tuple[list[int], list[int]]:
+    """In the K pass, the token offsets inside a block and the words of each token's row that one lane reads."""
+    group_size, groups_per_warp, tokens_per_group, words_per_thread = thread_group_layout(block_size, words)
+    group, rank = lane // group_size, lane % group_size
+    tokens = [group + t * groups_per_warp for t in range(tokens_per_group)]
+    return tokens, [w for w in (rank + v * group_size for v in range(words_per_thread)) if w < words]
+
+
+def heads_per_block(flavour: str, num_queries_per_kv: int) -> int:
+    """Query heads one thread block computes: the whole group for ``"vllm-gqa"``, one for ``"vllm"``."""
+    return num_queries_per_kv if flavour == "vllm-gqa" else 1
+
+
 def launch_bounds(num_threads: int, cc: tuple[int, int], heads_per_block: int, head_size: int):
     """CUDA's ``__launch_bounds__(num_threads, min_blocks)`` for these kernels, or just ``num_threads``.
 
@@ -114,7 +127,7 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
     per_word = WORD_BYTES // np.dtype(element).itemsize  # values unpacked from one 64-bit word
     num_warps = num_threads // WARP_SIZE
     words = head_size // per_word  # 64-bit words in one token's row of one head
-    group_size, groups_per_warp, tokens_per_group, words_per_thread = thread_group_layout(block_size, words)
+    group_size, groups_per_warp, tokens_per_group, _ = thread_group_layout(block_size, words)
     v_lanes = min(WARP_SIZE, 1 << (words.bit_length() - 1))  # lanes sharing one value row: a power of two
     v_rows = WARP_SIZE // v_lanes  # value rows (tokens) a warp reads at once
     v_words_per_lane = -(-words // v_lanes)

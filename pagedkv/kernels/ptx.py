@@ -73,16 +73,16 @@ def compile_one(flavour: str, kernel: str, dtype: str, cc=(9, 0), head_size=128,
     from numba.cuda import dispatcher
 
     from .cuda import FLAVOURS, build_kernels
-    from .cuda_vllm import build_vllm_kernels, launch_bounds
+    from .cuda_vllm import build_vllm_kernels, heads_per_block, launch_bounds
 
     if flavour not in FLAVOURS:
         raise PagedKVError(f"flavour must be one of {FLAVOURS}, got {flavour!r}.")
     # Device functions are compiled for "the current device"; with no GPU there is none, so
     # stand one in with the compute capability asked for (the kernel itself gets cc= directly).
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
-    kernels = dict(zip(("v1", "v2", "reduce"), build_kernels(head_size, block_size, num_threads, "tree",
-                                                             logits_len, jit=False)))
-    heads = gqa if flavour == "vllm-gqa" else 1
+    kernels = dict(zip(("v1", "v2", "reduce"), build_kernels(head_size, block_size, num_threads, logits_len,
+                                                             jit=False)))
+    heads = heads_per_block(flavour, gqa)
     if flavour != "tree":
         kernels.update(zip(("v1", "v2"), build_vllm_kernels(head_size, block_size, num_threads, logits_len, dtype,
                                                             simulated=False, heads_per_block=heads, jit=False)))

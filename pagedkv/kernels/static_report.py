@@ -191,9 +191,10 @@ def measure(flavour: str, kernel: str, head_size: int, cc: tuple[int, int], thre
 
     ``gqa`` query heads share a KV head.  Only ``"vllm-gqa"`` shares the loads between them, so its loop
     costs are divided by ``gqa`` to give a cost per *query* head."""
+    from .cuda_vllm import heads_per_block
     from .ptx import compile_one
 
-    heads = gqa if flavour == "vllm-gqa" else 1
+    heads = heads_per_block(flavour, gqa)
     ptx = compile_one(flavour, kernel, "float16", cc, head_size, block_size, partition_size, threads, gqa)
     cubin, info = link(ptx, cc)
     loops = cache_loops(kernel_sass(disassemble(cubin), KERNEL_NAMES[kernel])) if kernel != "reduce" else []

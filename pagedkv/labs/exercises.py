@@ -218,14 +218,10 @@ def lane_work(lane, block_size, num_words):
 
 
 def _kernel_lane_work(lane, block_size, num_words):
-    """The same, from the layout the kernel is built with (``cuda_vllm.thread_group_layout``)."""
-    from ..kernels.cuda_vllm import thread_group_layout
+    """The same, from the layout the kernel is built with (``cuda_vllm.lane_work``)."""
+    from ..kernels.cuda_vllm import lane_work as kernel_lane_work
 
-    group_size, groups_per_warp, tokens_per_group, words_per_thread = thread_group_layout(block_size, num_words)
-    group, rank = lane // group_size, lane % group_size
-    tokens = [group + t * groups_per_warp for t in range(tokens_per_group)]
-    words = [w for w in (rank + v * group_size for v in range(words_per_thread)) if w < num_words]
-    return tokens, words
+    return kernel_lane_work(lane, block_size, num_words)
 
 
 def _grids():

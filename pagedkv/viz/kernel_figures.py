@@ -18,7 +18,7 @@ import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..kernels.cuda_device import WARP_SIZE
-from ..kernels.cuda_vllm import WORD_BYTES, thread_group_layout
+from ..kernels.cuda_vllm import WORD_BYTES, lane_work, thread_group_layout
 from .block_map import PALETTE
 
 STATIC_ESTIMATES = Path(__file__).resolve().parent.parent / "data" / "static_estimates.json"
@@ -36,13 +36,6 @@ def _arrow(ax, start, end, color="#555555"):
 
 
 # ------------------------------------------------------------------ who does what
-
-
-def lane_work(lane: int, block_size: int, words: int) -> tuple[list[int], list[int]]:
-    """The token offsets inside a block and the 64-bit words of each token's row one lane reads (K pass)."""
-    group_size, groups_per_warp, _, _ = thread_group_layout(block_size, words)
-    group, rank = lane // group_size, lane % group_size
-    return list(range(group, block_size, groups_per_warp)), list(range(rank, words, group_size))
 
 
 def warp_blocks(num_blocks: int, num_warps: int) -> list[list[int]]:
