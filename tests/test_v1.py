@@ -18,6 +18,7 @@ from pagedkv import (
     beam_search,
     beam_search_dense,
     generate_dense,
+    hash_block_tokens,
     load_tiny,
 )
 from pagedkv.v1 import KVCacheManager, Scheduler
@@ -52,6 +53,12 @@ def check_blocks(s: Scheduler):
     for request_id in s.running:
         request = s.requests[request_id]
         assert len(kv.req_to_blocks[request_id]) * kv.block_size >= request.num_computed_tokens
+    if kv.prefix_cache is not None:  # a name may have several blocks, each named by it and holding its content
+        cache = kv.prefix_cache
+        assert sorted(b for blocks in cache.hash_to_blocks.values() for b in blocks) == sorted(cache.block_to_hash)
+        for block_hash, blocks in cache.hash_to_blocks.items():
+            assert blocks and all(cache.block_to_hash[b] == block_hash for b in blocks)
+            assert all(hash_block_tokens(*cache.content(b)) == block_hash for b in blocks)
 
 
 # --------------------------------------------------------------- KVCacheManager
@@ -252,7 +259,8 @@ def test_any_workload_keeps_ref_counts_and_the_budget_and_leaks_nothing(data):
     budget = data.draw(st.integers(4, 24))
     s = scheduler(num_blocks, block_size, caching=data.draw(st.booleans()), max_num_batched_tokens=budget,
                   max_num_seqs=data.draw(st.integers(1, 4)),
-                  long_prefill_token_threshold=data.draw(st.integers(0, 6)))
+                  long_prefill_token_threshold=data.draw(st.integers(0, 6)),
+                  scheduler_reserve_full_isl=data.draw(st.booleans()))
     capacity = num_blocks * block_size
     for i in range(data.draw(st.integers(1, 6))):
         prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=capacity // 2))
