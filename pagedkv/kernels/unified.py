@@ -88,9 +88,8 @@ class UnifiedAttentionMetadata:
     _checked: dict = field(default_factory=dict, repr=False)  # layout -> (UnifiedShape, CpuPlan | None)
 
     def attend(self, query, key_cache, value_cache, scale=None, *, sliding_window=None, backend="auto"):
-        key = (tuple(query.shape), tuple(key_cache.shape), tuple(value_cache.shape), query.dtype, key_cache.dtype,
-               value_cache.dtype, query.device, scale, sliding_window, backend)
-        entry = self._checked.get(key) if _hashable(key) else None
+        key = _layout(query, key_cache, value_cache, scale, sliding_window, backend)
+        entry = self._checked.get(key) if key is not None else None
         if entry is None:  # the first layer: check everything (bad input raises here, before any work)
             shape = check_unified_args(query, key_cache, value_cache, self.cu_seqlens_q, self.seq_lens,
                                        self.block_tables, scale, sliding_window, backend)
@@ -114,12 +113,16 @@ class UnifiedAttentionMetadata:
                                       self.block_tables, shape)
 
 
-def _hashable(key) -> bool:
+def _layout(query, key_cache, value_cache, scale, sliding_window, backend):
+    """What the checks depend on besides the metadata, as a dict key; None when something is not even a tensor
+    or not hashable (the checks will say what is wrong)."""
     try:
+        key = tuple((tuple(t.shape), t.dtype, t.device, t.is_contiguous()) for t in (query, key_cache, value_cache))
+        key += (scale, sliding_window, backend)
         hash(key)
-    except TypeError:  # e.g. a list passed as scale: the checks will say what is wrong
-        return False
-    return True
+    except (AttributeError, TypeError):
+        return None
+    return key
 
 
 def _resolve(backend: str) -> str:
@@ -135,6 +138,7 @@ class _Chunks:
     query_rows: torch.Tensor  # [S, Q] flat query row of each padded query (padding repeats the last one)
     blocks: torch.Tensor  # [S * B] physical block of each logical block (0 where a sequence has none)
     mask: torch.Tensor  # [S, 1, Q, B * block_size] which keys each query sees: causal, window
+    past_end: torch.Tensor  # [S, B * block_size, 1, 1] slots past each sequence's end (never trusted: zeroed)
     out_rows: torch.Tensor  # flat rows of the real (unpadded) queries, in [S, Q] order
     real: torch.Tensor  # [S, Q] bool: the real queries
 
@@ -178,8 +182,11 @@ class CpuPlan:
         c = self.chunks
         num_seqs, max_q = c.query_rows.shape
         q = query[c.query_rows.flatten()].view(num_seqs, max_q, shape.num_heads, shape.head_size)
+        # whole pages, one index per block; slots past a sequence's end are zeroed (a masked key must not be
+        # garbage: 0 * nan is nan), as vLLM's kernel loads them masked, as 0
         keys, values = (cache.view(shape.num_blocks, -1).index_select(0, c.blocks).view(
-            num_seqs, -1, shape.num_kv_heads, shape.head_size) for cache in (key_cache, value_cache))
+            num_seqs, -1, shape.num_kv_heads, shape.head_size).masked_fill_(c.past_end, 0)
+            for cache in (key_cache, value_cache))
         o = F.scaled_dot_product_attention(q.float().transpose(1, 2), keys.float().transpose(1, 2),
                                            values.float().transpose(1, 2), attn_mask=c.mask, scale=shape.scale,
                                            enable_gqa=True)
@@ -203,4 +210,6 @@ def _chunks(members, cu_seqlens_q, q_lens, seq_lens, block_tables, shape: Unifie
     tables = block_tables[members, :num_blocks].long()
     used = torch.arange(num_blocks)[None, :] < (-(-seq_len // shape.block_size))[:, None]
     query_rows = start[:, None] + row_in_seq
-    return _Chunks(query_rows, torch.where(used, tables, 0).flatten(), mask[:, None], query_rows[real], real)
+    past_end = (j[None, :] >= seq_len[:, None])[:, :, None, None]
+    return _Chunks(query_rows, torch.where(used, tables, 0).flatten(), mask[:, None], past_end, query_rows[real],
+                   real)
