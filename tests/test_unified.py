@@ -243,3 +243,38 @@ def test_bad_input_messages_say_what_to_do():
     args, kw = _bad("window 0")
     with pytest.raises(PagedKVValueError, match="sliding_window must be None"):
         unified_paged_attention(*args, **kw)
+
+
+# ------------------------------------------------------------------ the engine: one call per layer per step
+def test_engine_attends_once_per_layer_per_step(monkeypatch):
+    """v1 with chunked prefill and a prefix hit: every step, each layer makes one call over the whole batch, on
+    one metadata object built for the step; the answers still equal the dense model's."""
+    from pagedkv import LLMEngine, generate_dense, load_tiny
+    from pagedkv.kernels import UnifiedAttentionMetadata
+
+    model, _ = load_tiny()
+    calls, original = [], UnifiedAttentionMetadata.attend
+
+    def counting(self, query, *args, **kwargs):
+        calls.append((id(self), query.shape[0]))
+        return original(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(UnifiedAttentionMetadata, "attend", counting)
+    engine = LLMEngine(model, num_gpu_blocks=64, block_size=4, version="v1", max_num_batched_tokens=16)
+    prompts = [[3 + i % 50 for i in range(30)], [3 + i % 50 for i in range(30)] + [9, 10], [7, 8, 9]]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(i, prompt, 6)
+    mixed = 0
+    while engine.has_unfinished_requests():
+        before = len(calls)
+        out = engine.step()
+        step = calls[before:]
+        if out.is_empty:
+            continue
+        assert len(step) == model.config.num_hidden_layers  # one call per layer
+        assert len({meta for meta, _ in step}) == 1  # one metadata for the step
+        lens = list(out.num_scheduled_tokens.values())
+        mixed += max(lens) > 1 and min(lens) == 1  # a chunk and a decode in one call
+    assert mixed and engine.stats.num_prefix_cached_tokens > 0
+    for i, prompt in enumerate(prompts):
+        assert list(engine.pop_finished(i).outputs[0].token_ids) == generate_dense(model, prompt, 6)
