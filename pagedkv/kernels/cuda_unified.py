@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 import torch
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 from ..errors import PagedKVValueError
 from .backend import announce_simulator
@@ -50,10 +50,17 @@ MAX_SHARED_BYTES = 48 * 1024  # numba's static shared memory per block
 
 
 def block_q_for(shape: UnifiedShape) -> int:
-    """Queries per tile: 1 for a batch of decodes, else vLLM's ``BLOCK_M // num_queries_per_kv`` (at least 1)."""
-    if shape.max_query_len <= 1:
-        return 1
-    return max(1, BLOCK_M // shape.num_queries_per_kv)
+    """Queries per tile for this batch (see :func:`choose_block_q`)."""
+    return choose_block_q(shape.head_size, shape.block_size, shape.num_queries_per_kv, shape.max_query_len <= 1)
+
+
+def choose_block_q(head_size: int, block_size: int, num_queries_per_kv: int, decodes_only: bool) -> int:
+    """Queries per tile: 1 for a batch of decodes, else vLLM's ``BLOCK_M // num_queries_per_kv`` (at least 1),
+    halved until the tile's shared memory fits."""
+    block_q = 1 if decodes_only else max(1, BLOCK_M // num_queries_per_kv)
+    while block_q > 1 and shared_bytes(head_size, block_size, block_q * num_queries_per_kv) > MAX_SHARED_BYTES:
+        block_q //= 2
+    return block_q
 
 
 def shared_bytes(head_size: int, block_size: int, block_m: int) -> int:
@@ -103,11 +110,12 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
         for j in range(cuda.threadIdx.x, page_len, num_threads):
             physical_block_offset, d = j // head_size, j % head_size
             k, v = float32(0.0), float32(0.0)
-            if page_start + physical_block_offset < seq_len:
-                k = float32(key_cache[physical_block_number, physical_block_offset, kv_head, d])
-                v = float32(value_cache[physical_block_number, physical_block_offset, kv_head, d])
-            k_s[j] = k
-            v_s[j] = v
+            if page_start + physical_block_offset < seq_len:  # unsigned indices: no negative-index wraparound code
+                slot = (uint64(physical_block_number), uint64(physical_block_offset), uint64(kv_head), uint64(d))
+                k = float32(key_cache[slot])
+                v = float32(value_cache[slot])
+            k_s[uint64(j)] = k
+            v_s[uint64(j)] = v
         cuda.syncthreads()
 
     @cuda.jit(device=True)
@@ -123,10 +131,11 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
             logit = NEG_INF
             if visible:
                 dot = float32(0.0)
+                q_row, k_row = r * head_size, physical_block_offset * head_size
                 for d in range(head_size):
-                    dot += q_s[r * head_size + d] * k_s[physical_block_offset * head_size + d]
+                    dot += q_s[uint64(q_row + d)] * k_s[uint64(k_row + d)]
                 logit = dot * scale
-            logits[j] = logit
+            logits[uint64(j)] = logit
         cuda.syncthreads()
 
     @cuda.jit(device=True)
@@ -158,7 +167,7 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
             r, d = j // head_size, j % head_size
             total = acc[k] * alpha_s[r]
             for i in range(block_size):
-                total += logits[r * block_size + i] * v_s[i * head_size + d]
+                total += logits[uint64(r * block_size + i)] * v_s[uint64(i * head_size + d)]
             acc[k] = total
             k += 1
         cuda.syncthreads()  # every thread is done with this page before the next one overwrites it
@@ -219,9 +228,6 @@ def unified_attention_cuda(query, key_cache, value_cache, cu_seqlens_q, seq_lens
     simulator = CUDA_MODE.simulator if simulator is None else simulator
     num_threads = num_threads or (16 if simulator else 128)
     block_q = block_q_for(shape)
-    while block_q > 1 and shared_bytes(shape.head_size, shape.block_size, block_q * shape.num_queries_per_kv) \
-            > MAX_SHARED_BYTES:
-        block_q //= 2
     needed = shared_bytes(shape.head_size, shape.block_size, block_q * shape.num_queries_per_kv)
     if needed > MAX_SHARED_BYTES:
         raise PagedKVValueError(f"the unified CUDA kernel needs {needed} bytes of shared memory for head_size "
