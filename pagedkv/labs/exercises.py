@@ -7,7 +7,7 @@ what the code the notebook teaches does.  Function exercises list their test
 ``cases`` and a readable ``solution``, which ``check.reveal`` shows; where the
 package can answer a case on its own, ``reference`` replays it there instead.
 
-Hints point at the idea, never at the number.
+Hints point at the idea, never at the number; ``mistakes`` name the slip behind a known wrong answer.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ class Exercise:
     cases: tuple = ()  # function exercises: the argument tuples it is checked on
     reference: Callable | None = None  # function exercises: the package's own answer (default: ``solution``)
     tolerance: float = 0.0
+    # value exercises: (computes a known wrong answer, what was wrong in the reasoning that gives it), so a check
+    # can say what to rethink instead of "too high" or "too low"
+    mistakes: tuple = ()
 
     def __post_init__(self):
         if self.cases and self.reference is None:
