@@ -42,12 +42,16 @@ def _tp4_blocks_per_gpu():
     return 40 * GiB // cache_block_bytes(shard, 16)
 
 
-def _fp8_requests_that_fit():
-    """Llama-3-8B with an fp8 KV cache, 5 GiB for it, blocks of 16: 2,048-token requests at once."""
-    from ..sizing import MODELS, GiB, blocks_needed, cache_block_bytes
+def _tp16_bytes_per_token():
+    """Llama-2-70B (8 KV heads) under tensor parallelism 16: a KV head cannot be split, so each GPU keeps the one
+    its 4 query heads use, and every KV head is kept on two GPUs (vLLM 0.33: ``ModelConfig.get_num_kv_heads`` in
+    ``vllm/config/model.py``, ``max(1, num_kv_heads // tensor_parallel_size)``). Bytes per token on one GPU, and
+    summed over the 16."""
+    from ..sizing import MODELS
 
-    blocks = 5 * GiB // cache_block_bytes(MODELS["llama-3-8b"].with_dtype("fp8"), 16)
-    return blocks // blocks_needed(2048, 16)
+    spec, tp = MODELS["llama-2-70b"], 16
+    shard = dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=max(1, spec.num_kv_heads // tp))
+    return shard.kv_bytes_per_token, tp * shard.kv_bytes_per_token
 
 
 def _mla_bytes_and_ratio():
@@ -351,8 +355,10 @@ EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
                       hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
                            "for every layer."),
-    "01.E2": Exercise("2,048-token requests at once", expected=_fp8_requests_that_fit,
-                      hint="fp8 stores one byte a value; whole blocks first, then whole requests of blocks."),
+    "01.E2": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)", expected=_tp16_bytes_per_token,
+                      hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
+                           "attend with. How many query heads does a GPU have, and how many share one KV head? "
+                           "Then count how many GPUs hold each KV head."),
     "01.E3": Exercise("(MLA bytes per token, times fewer than MHA)", expected=_mla_bytes_and_ratio, tolerance=0.01,
                       hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
                            "and V for every head of every layer."),
