@@ -112,16 +112,18 @@ def _child_append_copies():
     return manager.append_slots("c", range(4))
 
 
-def _three_way_fork_blocks():
+def _fork_of_a_fork():
+    """A (6 tokens, blocks [0, 1]) forked into B, B forked into C, B freed; then C appends, then A appends:
+    block 1's ref count before C's append, and the copies each append returns."""
     from ..manager import BlockSpaceManager
 
-    manager = BlockSpaceManager(4, 20)
-    manager.allocate(0, range(13))
-    for child in (1, 2):
-        manager.fork(0, child)
-    for seq in (0, 1, 2):
-        manager.append_slots(seq, [99])
-    return 20 - manager.num_free_gpu_blocks
+    manager = BlockSpaceManager(4, 10)
+    manager.allocate("A", range(6))
+    manager.fork("A", "B")
+    manager.fork("B", "C")
+    manager.free("B")
+    ref_count = manager.allocators["gpu"].refcount(1)
+    return ref_count, manager.append_slots("C", [6]), manager.append_slots("A", [7])
 
 
 # ------------------------------------------------------------ 04 beam search
@@ -373,9 +375,10 @@ EXERCISES: dict[str, Exercise] = {
     "03.E1": Exercise("copies", expected=_child_append_copies,
                       hint="only a shared block that is partly filled is copied before a write; where do the "
                            "tokens go after the copy is full?"),
-    "03.E2": Exercise("blocks in use", expected=_three_way_fork_blocks,
-                      hint="full prompt blocks stay shared; each sequence needs its own last block, but the last "
-                           "writer of a shared block finds its ref count back at 1."),
+    "03.E2": Exercise("(block 1's ref count before C's append, C's copies, A's copies)", expected=_fork_of_a_fork,
+                      hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
+                           "sequence drops one from each of its blocks. A write copies a partly filled block only "
+                           "while someone else still holds it, and the writer's reference moves to the copy."),
     "04.E1": Exercise("(blocks in use, copy-on-write copies) after the first write",
                       expected=_samples_after_first_write,
                       hint="the full prompt block stays shared; three samples write into the half-full one: who "
