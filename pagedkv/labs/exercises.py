@@ -127,16 +127,16 @@ def _fork_of_a_fork():
 
 
 # ------------------------------------------------------------ 04 beam search
-def _samples_after_first_write():
-    """n = 3 samples of a 6-token prompt, block size 4, on the tiny Llama: the prefill, then the first write."""
+def _whole_block_prompt():
+    """n = 3 samples of 6 tokens from an 8-token prompt (two full blocks), block size 4, on the tiny Llama: the
+    copy-on-write copies over the request, and its peak blocks (the engine's own ``peak_gpu_blocks``)."""
     from ..decoding import GroupDecoding, synthetic_prompt, tiny_engine
     from ..sampling import SamplingParams
 
-    group = GroupDecoding(tiny_engine(16, block_size=4, watermark=0.0), synthetic_prompt(6),
-                          SamplingParams(n=3, seed=0, max_tokens=4))
-    group.step()
-    stats = group.step()
-    return stats.blocks_in_use, stats.cow_copies
+    engine = tiny_engine(16, block_size=4, watermark=0.0)
+    group = GroupDecoding(engine, synthetic_prompt(8), SamplingParams(n=3, seed=0, max_tokens=6, ignore_eos=True))
+    result = group.run()
+    return sum(s.cow_copies for s in result.steps), engine.stats.peak_gpu_blocks
 
 
 def _parallel_savings_sharegpt_like():
@@ -164,13 +164,21 @@ def _pruned_beam():
 
 
 # --------------------------------------------------------- 05 prefix caching
-def _cached_tokens_of_b():
-    from ..manager import BlockSpaceManager
+def _blocks_named_alike():
+    """P = [1..12]; Q holds P's three blocks of tokens in the order 0, 2, 1: which of Q's blocks have a name
+    (a chained hash) that P's chain has too."""
+    from ..prefix import hash_block_tokens
 
-    manager = BlockSpaceManager(4, 10, watermark=0.0, enable_prefix_caching=True)
-    manager.allocate("A", range(1, 11))
-    manager.allocate("B", list(range(1, 9)) + [50, 51, 52, 53, 54])
-    return manager.num_cached_tokens("B")
+    def chain(blocks):
+        hashes, parent = [], None
+        for tokens in blocks:
+            parent = hash_block_tokens(parent, tokens)
+            hashes.append(parent)
+        return hashes
+
+    p_blocks = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    q_names = chain([p_blocks[0], p_blocks[2], p_blocks[1]])
+    return [i for i, name in enumerate(q_names) if name in set(chain(p_blocks))]
 
 
 def _blocks_of_a_returning_prefix():
@@ -379,19 +387,21 @@ EXERCISES: dict[str, Exercise] = {
                       hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
                            "sequence drops one from each of its blocks. A write copies a partly filled block only "
                            "while someone else still holds it, and the writer's reference moves to the copy."),
-    "04.E1": Exercise("(blocks in use, copy-on-write copies) after the first write",
-                      expected=_samples_after_first_write,
-                      hint="the full prompt block stays shared; three samples write into the half-full one: who "
-                           "must copy it, and who finds its ref count back at 1?"),
+    "04.E1": Exercise("(copy-on-write copies over the request, peak blocks in use)", expected=_whole_block_prompt,
+                      hint="a copy is made only when a sample writes into a shared block that has free slots: does "
+                           "this prompt leave one? For the peak, the last step allocates a slot for every sample's "
+                           "previous token; the token it samples last is never written."),
     "04.E2": Exercise("(blocks freed by pruning Y, blocks in use after the step)", expected=_pruned_beam,
                       hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
                            "both survivors write into a full block."),
     "04.E3": Exercise("savings", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
-                      hint="at the peak every sample has written all but its last token; the 10 prompt blocks are "
-                           "held once with sharing and 4 times without; each sample's output tokens start a "
-                           "fresh block."),
-    "05.E1": Exercise("cached tokens of B", expected=_cached_tokens_of_b,
-                      hint="only full blocks have names, and a block's name covers every token before it."),
+                      hint="find the step with the most blocks, and count the tokens each sample has a slot for "
+                           "then (is the last sampled token ever written?). With sharing, the prompt's full blocks "
+                           "are held once; without, once per sample. Does a sample's first output token start a "
+                           "block of its own, or share one with the prompt?"),
+    "05.E1": Exercise("Q's blocks named as one of P's", expected=_blocks_named_alike,
+                      hint="a block's name hashes its parent's name together with its own tokens: two blocks with "
+                           "the same tokens get the same name only if everything before them is the same too."),
     "05.E2": Exercise("the new request's blocks", expected=_blocks_of_a_returning_prefix,
                       hint="a full block keeps its name when freed; the rest of a new table comes from the free "
                            "queue's head, and the queue got the freed blocks last block first."),
