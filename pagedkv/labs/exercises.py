@@ -209,6 +209,20 @@ def _reserve_max_slots():
     return prompt + produced, output - produced, max_len - (prompt + output)
 
 
+def _three_ledgers():
+    """A 100-token prompt, 300 tokens to produce, the 50th just produced: its slots under reserve_pow2 (a chunk
+    of the next power of two of the final length) and under paged (blocks of 16), filed as the simulator files
+    them: token states, reserved for the request's later tokens, never to be used."""
+    from ..sizing import blocks_needed
+
+    prompt, output, produced, block_size = 100, 300, 50, 16
+    tokens, final = prompt + produced, prompt + output
+    chunk = 1 << (final - 1).bit_length()
+    slots = blocks_needed(tokens, block_size) * block_size
+    paged_reserved = min(slots, final) - tokens  # empty slots it will still fill
+    return (tokens, final - tokens, chunk - final), (tokens, paged_reserved, slots - tokens - paged_reserved)
+
+
 def _pow2_never_used():
     """reserve_pow2, final lengths equally likely from 513 to 1,024: the mean fraction of a chunk never used."""
     from ..sim import max_concurrent_requests
@@ -412,6 +426,10 @@ EXERCISES: dict[str, Exercise] = {
                       hint="tokens so far; tokens still to come; the rest of the 2,048-slot chunk."),
     "06.E2": Exercise("mean fraction never used", expected=_pow2_never_used, tolerance=0.005,
                       hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
+    "06.E3": Exercise("((pow2 tokens, reserved, never), (paged tokens, reserved, never))", expected=_three_ledgers,
+                      hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
+                           "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
+                           "a later token of this request will land in it, never used if none will."),
     "07.E1": Exercise("lane_work", solution=lane_work, reference=_kernel_lane_work,
                       cases=((0, 16, 16), (5, 16, 16), (31, 16, 16), (13, 8, 32), (7, 32, 32), (3, 64, 32),
                              (9, 1, 64), (30, 4, 8)),
