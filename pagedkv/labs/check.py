@@ -137,7 +137,7 @@ def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", k
         try:
             got = student_fn(*args)
         except NotImplementedError:
-            _fail(f"{FAIL} {name}: not written yet (it raises NotImplementedError).", None)
+            _fail(f"{FAIL} {name}: no answer yet - write the function's body (it raises NotImplementedError).", None)
             return False
         except Exception as error:  # a student's bug: a message, not a traceback
             _fail(f"{FAIL} {name}({shown}) raised {type(error).__name__}: {error}." + (f" Hint: {hint}" if hint
