@@ -117,6 +117,8 @@ def test_a_failed_check_never_shows_the_answer(capsys):
     assert "value 3 is too low" in capsys.readouterr().out
     assert not check.exercise("06.E1", [150, 250])
     assert "has 2 values; 3 are wanted" in capsys.readouterr().out
+    assert not check.exercise("02.E2", ([4, 1, 0], 1))  # a table and a slot: two parts (issue #38 wording)
+    assert "value 1 of part 1 is too low" in capsys.readouterr().out
 
 
 def test_reveal_shows_the_answer_on_request(capsys):

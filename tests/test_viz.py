@@ -272,3 +272,35 @@ def test_a_block_map_has_a_key_only_when_asked():
     labels = [t.get_text() for t in keyed.figure.legends[0].get_texts()]
     assert "free block" in labels and any("red outline" in label for label in labels)
     plt.close("all")
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_the_visualizers_map_has_a_key_that_covers_nothing():
+    """Issue #38: the main map had no key for #n, xN and the red outline."""
+    v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4)
+    v._displayed = True
+    v.fork(v.add_sequence(6))
+    fig = plt.gcf()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(label.startswith("#n:") for label in labels) and any("xN" in label for label in labels)
+    assert "red outline: the blocks the last action touched" in labels
+    renderer = fig.canvas.get_renderer()
+    key = fig.legends[0].get_window_extent(renderer)
+    assert not any(_overlaps(key, text.get_window_extent(renderer)) for text in fig.axes[0].texts)
+    plt.close("all")
+
+
+def test_zero_tokens_are_refused_with_a_message():
+    """Issue #38: the widgets turned a 0 typed in into 1; the actions refuse it and say why."""
+    v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4)
+    v.prompt_len.value = 0
+    assert v.prompt_len.value == 0  # the widget passes it on
+    assert v.add_sequence(v.prompt_len.value) is None and v.seq_ids == []
+    assert v.message_is_error and "prompt length" in v.message
+    a = v.add_sequence(6)
+    v.num_tokens.value = 0
+    assert not v.append(a, v.num_tokens.value) and "tokens to append" in v.message
+    assert v.manager.get_num_tokens(a) == 6
