@@ -358,7 +358,8 @@ class BlockTableVisualizer:
             self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
             draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
             self._keep_scale(ax)
-            key_below(fig, highlight="red outline: the blocks the last action touched", cached=bool(state.prefix_caching))
+            key_below(fig, highlight="red outline: the blocks the last action touched",
+                      cached=bool(state.prefix_caching))
             plt.show()
 
     def _keep_scale(self, ax) -> None:
