@@ -26,6 +26,7 @@ from ..v1 import Scheduler as V1Scheduler
 from ..validate import check_choice, check_int
 from .block_map import draw_block_map, key_below
 from .timeline import Timeline, draw_timeline
+from .widget_output import show_figure
 
 
 def stand_in_model(token_ids: list[int]) -> int:
@@ -199,10 +200,7 @@ class SchedulerVisualizer:
         self.message_html.value = f"<span class='pagedkv-message'>{html.escape(self.message)}</span>"
         if not self._displayed:
             return
-        with self.output:
-            self.output.clear_output(wait=True)
-            self.figure()
-            plt.show()
+        show_figure(self.output, self.figure())  # not `with self.output: plt.show()`: see widget_output.py
 
     def figure(self):
         """The block map over the timeline, as the widget draws them: also a still picture where widgets do

@@ -26,6 +26,7 @@ from ..sampling import BeamSearchParams
 from ..state import seq_name
 from ..validate import check_int
 from .block_map import draw_block_map, key_below, seq_colors
+from .widget_output import show_figure
 
 SEQUENCE_ACTIONS = ("append", "fork", "free", "swap out", "swap in")
 BEAM_TOKENS = 64  # a beam search runs this many clicks, then its blocks are freed
@@ -352,15 +353,12 @@ class BlockTableVisualizer:
         self.log_area.value = "\n".join(reversed(self.log[-50:]))
         if not self._displayed:
             return
-        with self.output:
-            self.output.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(9, 6))
-            self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
-            draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
-            self._keep_scale(ax)
-            key_below(fig, highlight="red outline: the blocks the last action touched",
-                      cached=bool(state.prefix_caching))
-            plt.show()
+        fig, ax = plt.subplots(figsize=(9, 6))
+        self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
+        draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
+        self._keep_scale(ax)
+        key_below(fig, highlight="red outline: the blocks the last action touched", cached=bool(state.prefix_caching))
+        show_figure(self.output, fig)  # not `with self.output: plt.show()`: see widget_output.py
 
     def _keep_scale(self, ax) -> None:
         """Room for at least 8 block tables of 12 entries: the cells keep their size from click to click, until
