@@ -205,7 +205,7 @@ class SchedulerVisualizer:
     def figure(self):
         """The block map over the timeline, as the widget draws them: also a still picture where widgets do
         not run (on GitHub, say)."""
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7.5), height_ratios=[3, 2])
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), height_ratios=[3, 2])
         draw_block_map(self.manager.snapshot(), ax=top)
         draw_timeline(self.timeline, ax=bottom)
         key_below(fig)  # under the timeline's step labels, not over them
