@@ -1,8 +1,15 @@
 # nbgrader's configuration for the pagedkv course: copy this file into your course folder (next to source/),
 # or let `make course` do it. nbgrader must run in the environment where `import pagedkv` works (the checkout's
 # .venv: `make release`, `make autograde` and `make feedback` run it there); the check cells import it.
+import warnings
+
 from nbgrader.converters import GenerateAssignment
 from nbgrader.preprocessors import ClearSolutions
+from sqlalchemy.exc import SAWarning
+
+# nbgrader 0.9's gradebook code makes SQLAlchemy 2 warn ("Object of type <SubmittedNotebook> not in session, add
+# operation along 'Notebook.submissions' will not proceed") on every autograde; the grades are right, the log noisy.
+warnings.filterwarnings("ignore", category=SAWarning, module=r"nbgrader\.api")
 
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = "pagedkv"
