@@ -109,13 +109,16 @@ CULL_INTERVAL_SECONDS = 30
 
 
 def voila_command(port: int, open_browser: bool) -> list[str]:
-    """Voila on 127.0.0.1 only; every page load starts a kernel, so kernels left idle with no page connected
-    are culled after ``CULL_IDLE_SECONDS`` (a connected page's kernel is never culled)."""
+    """Voila on 127.0.0.1 only; every page load starts a kernel, shut down when the page is left: the page posts
+    to Voila's shutdown handler as it unloads, with the ``_xsrf`` cookie Voila never sets, so that handler refused
+    every one ("'_xsrf' argument missing from POST") and kernels piled up; the XSRF check is off (the server
+    answers this machine only, and each kernel's URL holds its random id). Kernels left idle with no page
+    connected (a tab that crashed) are culled after ``CULL_IDLE_SECONDS``; a connected page's kernel never is."""
     app = Path(__file__).parent / "viz" / "app.ipynb"
     command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
                "--show_tracebacks=False", f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}",
                f"--MappingKernelManager.cull_interval={CULL_INTERVAL_SECONDS}",
-               "--MappingKernelManager.cull_connected=False"]
+               "--MappingKernelManager.cull_connected=False", "--Voila.tornado_settings=disable_check_xsrf=True"]
     return command if open_browser else command + ["--no-browser"]
 
 

@@ -140,7 +140,7 @@ def test_the_app_reacts_to_clicks(app, tmp_path):
         prompt_len.fill("0")
         prompt_len.press("Enter")  # issue #38: 0 became 1 without a word
         page.click("button:text-is('add sequence')")
-        expect(page.locator(".pagedkv-message")).to_contain_text("prompt length must be >= 1", timeout=30_000)
+        expect(page.locator(".pagedkv-message").first).to_contain_text("prompt length must be >= 1", timeout=30_000)
         expect(counters).to_contain_text("blocks used 0/24")
         prompt_len.fill("6")
         prompt_len.press("Enter")
