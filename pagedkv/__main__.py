@@ -102,16 +102,23 @@ def visualize(port: int, open_browser: bool) -> int:
     os.execv(command[0], command)  # Voila replaces this process: Ctrl-C and signals reach it directly
 
 
-CULL_IDLE_SECONDS = 300  # a page's kernel (~480 MB) is shut down this long after its tab closed
+# A page's kernel (~420 MB) is shut down as the page is left (Voila's beforeunload); one whose page vanished without
+# a word (a crashed or killed tab) is culled this long after its last message, within CULL_INTERVAL_SECONDS.
+CULL_IDLE_SECONDS = 120
+CULL_INTERVAL_SECONDS = 30
 
 
 def voila_command(port: int, open_browser: bool) -> list[str]:
-    """Voila on 127.0.0.1 only; every page load starts a kernel, so kernels left idle with no page connected
-    are culled after ``CULL_IDLE_SECONDS`` (checked every minute)."""
+    """Voila on 127.0.0.1 only; every page load starts a kernel, shut down when the page is left: the page posts
+    to Voila's shutdown handler as it unloads, with the ``_xsrf`` cookie Voila never sets, so that handler refused
+    every one ("'_xsrf' argument missing from POST") and kernels piled up; the XSRF check is off (the server
+    answers this machine only, and each kernel's URL holds its random id). Kernels left idle with no page
+    connected (a tab that crashed) are culled after ``CULL_IDLE_SECONDS``; a connected page's kernel never is."""
     app = Path(__file__).parent / "viz" / "app.ipynb"
     command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
                "--show_tracebacks=False", f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}",
-               "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_connected=False"]
+               f"--MappingKernelManager.cull_interval={CULL_INTERVAL_SECONDS}",
+               "--MappingKernelManager.cull_connected=False", "--Voila.tornado_settings=disable_check_xsrf=True"]
     return command if open_browser else command + ["--no-browser"]
 
 

@@ -383,9 +383,15 @@ class BlockSpaceManager:
     def _require_free(self, device: str, needed: int, what: str) -> None:
         free = self.allocators[device].num_free_blocks
         if needed > free:
-            hint = ("Free or swap out a sequence first, or use a bigger pool." if device == "gpu" else
-                    f"The CPU pool holds {self.num_total_cpu_blocks} blocks: swap a sequence back in or free one, "
-                    "or give the manager more num_cpu_blocks (vLLM: --swap-space).")
+            total = self.num_total_gpu_blocks if device == "gpu" else self.num_total_cpu_blocks
+            if needed > total:  # freeing cannot help: the pool itself is too small
+                hint = (f"The whole {device.upper()} pool holds only {total} blocks: use a bigger pool ("
+                        f"num_{device}_blocks) or fewer tokens.")
+            elif device == "gpu":
+                hint = "Free or swap out a sequence first, or use a bigger pool."
+            else:
+                hint = (f"The CPU pool holds {total} blocks: swap a sequence back in or free one, "
+                        "or give the manager more num_cpu_blocks (vLLM: --swap-space).")
             raise NoFreeBlocksError(
                 f"cannot {what}: needs {needed} free {device.upper()} blocks but only {free} are free. {hint}")
 

@@ -10,12 +10,22 @@ import re
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from browser_helpers import CHROMIUM, chromium_page, free_port, stop, wait_for_port
 
 pytestmark = pytest.mark.browser
+
+
+# Loads in a row, each of which must show the app at once. Before issue #38's fix about one load in 15 here (one in
+# four on the reporter's machine) hung for good, so 12 loads catch that with 55-97 % odds for about a minute of CI;
+# the fix itself is pinned without a browser (test_viz.py: the widgets set their Output's outputs, never capture).
+# PAGEDKV_APP_LOADS=50 runs 50 (done by hand for issue #38).
+LOADS = int(os.environ.get("PAGEDKV_APP_LOADS", "12"))
 
 
 @pytest.fixture
@@ -32,32 +42,39 @@ def app(tmp_path):
         # clone is not counted against the page's time to show.
         subprocess.run([sys.executable, "-c", "import pagedkv.viz"], env=env, check=True, timeout=300)
         wait_for_port(port, server)
-        yield f"http://127.0.0.1:{port}/"
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", server=server)
     finally:
         stop(server)
         log.close()
 
 
-def open_app(page, url, ready, timeout_error, attempts=4):
-    """Load the app until ``ready`` shows; every load starts a fresh kernel.
-
-    Now and then Voila's server never sees the end of the execution although the kernel finished it (the page
-    keeps saying "voila is still executing"; about one load in four on a 2-core machine, with ipykernel 6.30,
-    close to voila-dashboards/voila#1446 and ipython/ipykernel#1554). A stalled load never recovers, so it is
-    loaded again (a healthy load takes 10-15 s here, after the fixture's warm-up). Four stalls fail."""
-    for attempt in range(1, attempts + 1):
-        page.goto(url, wait_until="commit", timeout=60_000)
+def kernels_of(server) -> int:
+    """How many kernel processes the server has running now (from /proc; 0 where there is none)."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ready.wait_for(timeout=60_000)
-            return
-        except timeout_error:
-            if attempt == attempts:
-                raise
-            print(f"load {attempt}: the app did not show within 60 s; loading it again")
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == server.pid and "ipykernel" in (stat.parent / "cmdline").read_text():
+                count += 1
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            pass
+    return count
+
+
+def only_local(page, url):
+    """Voila's page template asks a CDN for a font stylesheet: refuse anything off this machine at once, so the
+    test never waits on DNS and sends nothing outside."""
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url) else route.abort())
+
+
+def browser_or_skip():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install chromium)")
+    return pytest.importorskip("playwright.sync_api")
 
 
 def test_the_app_serves_only_on_this_machine(app):
-    port = int(app.rsplit(":", 1)[1].strip("/"))
+    port = int(app.url.rsplit(":", 1)[1].strip("/"))
     others = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
     if not others:
         pytest.skip("this machine has no other IPv4 address to try")
@@ -66,19 +83,42 @@ def test_the_app_serves_only_on_this_machine(app):
             socket.create_connection((address, port), timeout=1).close()
 
 
-def test_the_app_reacts_to_clicks(app, tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_every_load_shows_the_app_and_leaves_no_kernel_behind(app, tmp_path):
+    """Issue #38: now and then a load stayed on "Executing 1 of 4" (or 3 of 4) for good, its kernel idle: the
+    widgets drew by capturing into their Output widgets, nbclient answered each captured output on the shell
+    socket while it waited there for the cell's reply, and that send swallowed the reply's wake-up (see
+    pagedkv/viz/widget_output.py). Every load, in a row and with no second try, must show the app; each page
+    left shuts its kernel down (Voila's beforeunload), so kernels do not pile up."""
+    sync_api = browser_or_skip()
+    expect = sync_api.expect
     with chromium_page(sync_api, tmp_path, viewport={"width": 1300, "height": 1800},
                        server_log=tmp_path / "voila.log") as page:
-        # Voila's page template asks a CDN for a font stylesheet: refuse anything off this machine at once,
-        # so the test never waits on DNS and sends nothing outside.
-        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(app) else route.abort())
+        only_local(page, app.url)
+        for load in range(1, LOADS + 1):
+            page.goto(app.url, wait_until="commit", timeout=60_000)  # leaving the last load shuts its kernel down
+            try:
+                expect(page.locator(".pagedkv-status")).to_contain_text("running", timeout=60_000)
+                expect(page.locator(".pagedkv-counters")).to_contain_text("blocks used 0/24", timeout=30_000)
+                expect(page.locator(".widget-output img")).to_have_count(2, timeout=30_000)
+            except AssertionError:
+                print(f"load {load} of {LOADS} did not show the app:", page.locator("#loading_text").all_inner_texts())
+                raise
+        page.goto("about:blank")
+    deadline = time.monotonic() + 60
+    while kernels_of(app.server) and time.monotonic() < deadline:  # the last page's beacon reaches the server
+        time.sleep(0.5)
+    assert kernels_of(app.server) == 0
+
+
+def test_the_app_reacts_to_clicks(app, tmp_path):
+    sync_api = browser_or_skip()
+    with chromium_page(sync_api, tmp_path, viewport={"width": 1300, "height": 1800},
+                       server_log=tmp_path / "voila.log") as page:
+        only_local(page, app.url)
         # Every wait waits for the state it asserts: the widgets create their elements before they write them.
         expect = sync_api.expect
         counters = page.locator(".pagedkv-counters")
-        open_app(page, app, counters, sync_api.TimeoutError)
+        page.goto(app.url, wait_until="commit", timeout=60_000)
         drawing, log = page.locator(".widget-output img").first, page.locator("textarea").first
         expect(counters).to_contain_text("blocks used 0/24", timeout=60_000)
         expect(drawing).to_have_attribute("src", re.compile(r"^data:image/png"), timeout=60_000)
@@ -93,6 +133,17 @@ def test_the_app_reacts_to_clicks(app, tmp_path):
                 expect(counters).to_contain_text(counts, timeout=30_000)
             expect(drawing).not_to_have_attribute("src", before_img, timeout=30_000)
 
+        reuse = page.locator(".widget-checkbox", has_text="same prompt as the last")
+        expect(reuse).to_be_visible()  # issue #38: the label was cut off ("same prompt as the ...")
+        assert reuse.evaluate("e => [...e.querySelectorAll('*')].every(c => c.scrollWidth <= c.clientWidth + 1)")
+        prompt_len = page.locator(".widget-inline-hbox", has_text="prompt len").locator("input")
+        prompt_len.fill("0")
+        prompt_len.press("Enter")  # issue #38: 0 became 1 without a word
+        page.click("button:text-is('add sequence')")
+        expect(page.locator(".pagedkv-message").first).to_contain_text("prompt length must be >= 1", timeout=30_000)
+        expect(counters).to_contain_text("blocks used 0/24")
+        prompt_len.fill("6")
+        prompt_len.press("Enter")
         click_and_wait("add sequence", "add A", "blocks used 2/24")  # 6 tokens in blocks of 4
         click_and_wait("fork", "fork A -> B", "blocks used 2/24")  # the child shares both blocks
         click_and_wait("append", "append 1 to B", "blocks used 3/24")  # copy-on-write of the shared partial block

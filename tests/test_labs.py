@@ -117,6 +117,8 @@ def test_a_failed_check_never_shows_the_answer(capsys):
     assert "value 3 is not right" in capsys.readouterr().out  # which value, never which way
     assert not check.exercise("06.E1", [150, 250])
     assert "has 2 values, not the number wanted" in capsys.readouterr().out
+    assert not check.exercise("02.E2", ([4, 1, 0], 1))  # a table and a slot: two parts (issue #38 wording)
+    assert "value 1 of part 1 is not right" in capsys.readouterr().out
 
 
 def test_a_known_mistake_is_named_without_the_answer(capsys):
@@ -142,7 +144,7 @@ def test_grading_mode_raises_the_same_message(capsys):
             check.exercise("02.E1", ...)
         with pytest.raises(AssertionError, match="02.E1 next block: 0 is not it yet"):
             check.exercise("02.E1", 0)
-        with pytest.raises(AssertionError, match="not written yet"):
+        with pytest.raises(AssertionError, match="no answer yet - write the function's body"):
             check.exercise("07.E1", lambda *args: exec("raise NotImplementedError"))
         assert check.exercise("02.E1", 4)
     finally:

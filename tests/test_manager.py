@@ -236,3 +236,15 @@ def test_bad_watermark_and_device():
         BlockSpaceManager(4, 8, watermark=1.5)
     with pytest.raises(ValueError, match="device"):
         make().free_block_ids("tpu")
+
+
+def test_a_pool_too_small_for_the_call_says_so_not_free_a_sequence():
+    """Issue #38: "Free or swap out a sequence first" when no sequence held a block and the pool itself was too
+    small."""
+    manager = BlockSpaceManager(4, 3, watermark=0.0)
+    with pytest.raises(NoFreeBlocksError, match="whole GPU pool holds only 3 blocks") as too_big:
+        manager.allocate("A", range(20))
+    assert "Free or swap out" not in str(too_big.value)
+    manager.allocate("B", range(8))
+    with pytest.raises(NoFreeBlocksError, match="Free or swap out a sequence first"):
+        manager.allocate("C", range(8))  # 2 blocks: they would fit once B is gone

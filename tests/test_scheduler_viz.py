@@ -114,3 +114,14 @@ def test_the_v1_mode_chunks_prompts_under_its_budget_and_draws_chunks_as_partial
     viz.buttons["reset"].click()
     assert viz.settings["version"] == "v1" and viz.status_text().startswith("v1")
     assert viz.reset(version="v2") is False and "version" in viz.message
+
+
+def test_the_key_stays_clear_of_the_timelines_step_labels():
+    """Issue #38: the block map's key, under the figure, overprinted the timeline's x-axis labels."""
+    sv = SchedulerVisualizer(num_gpu_blocks=12, block_size=4, num_requests=5)
+    sv.step(8)
+    fig = sv.figure()
+    renderer = fig.canvas.get_renderer()
+    key = fig.legends[0].get_window_extent(renderer)
+    timeline = fig.axes[1].get_tightbbox(renderer)  # its tick labels, "step" and its own key included
+    assert key.y1 <= timeline.y0 + 1e-6

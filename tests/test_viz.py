@@ -272,3 +272,61 @@ def test_a_block_map_has_a_key_only_when_asked():
     labels = [t.get_text() for t in keyed.figure.legends[0].get_texts()]
     assert "free block" in labels and any("red outline" in label for label in labels)
     plt.close("all")
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_the_visualizers_map_has_a_key_that_covers_nothing(monkeypatch):
+    """Issue #38: the main map had no key for #n, xN and the red outline."""
+    import pagedkv.viz.visualizer as visualizer
+
+    shown = []
+    monkeypatch.setattr(visualizer, "show_figure", lambda output, fig: shown.append(fig))
+    v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4)
+    v._displayed = True
+    v.fork(v.add_sequence(6))
+    fig = shown[-1]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(label.startswith("#n:") for label in labels) and any("xN" in label for label in labels)
+    assert "red outline: the blocks the last action touched" in labels
+    renderer = fig.canvas.get_renderer()
+    key = fig.legends[0].get_window_extent(renderer)
+    assert not any(_overlaps(key, text.get_window_extent(renderer)) for text in fig.axes[0].texts)
+    plt.close("all")
+
+
+def test_zero_tokens_are_refused_with_a_message():
+    """Issue #38: the widgets turned a 0 typed in into 1; the actions refuse it and say why."""
+    v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4)
+    v.prompt_len.value = 0
+    assert v.prompt_len.value == 0  # the widget passes it on
+    assert v.add_sequence(v.prompt_len.value) is None and v.seq_ids == []
+    assert v.message_is_error and "prompt length" in v.message
+    a = v.add_sequence(6)
+    v.num_tokens.value = 0
+    assert not v.append(a, v.num_tokens.value) and "tokens to append" in v.message
+    assert v.manager.get_num_tokens(a) == 6
+
+
+def test_the_widgets_set_their_drawings_as_output_state_and_never_capture(monkeypatch):
+    """Issue #38: capturing into an Output widget (``with output: plt.show()``) while a cell runs under nbclient
+    (Voila, nbgrader) made nbclient send a comm_msg on the shell socket that swallowed the cell's reply: the app
+    hung now and then. The drawing is the Output widget's state, set at once, with no figure left open."""
+    import ipywidgets
+
+    from pagedkv.viz import SchedulerVisualizer
+
+    def capture(output):
+        raise AssertionError("an Output widget captured output")
+
+    monkeypatch.setattr(ipywidgets.Output, "__enter__", capture)
+    for widget in (BlockTableVisualizer(num_gpu_blocks=24, block_size=4), SchedulerVisualizer(num_requests=3)):
+        widget._displayed = True
+        widget.refresh()
+        (output,) = widget.output.outputs
+        assert output["output_type"] == "display_data" and output["data"]["image/png"].startswith("iVBORw0KGgo")
+        assert plt.get_fignums() == []  # closed: the notebook shows no second copy under the cell
+    widget.step()
+    assert widget.output.outputs[0]["data"]["image/png"] != output["data"]["image/png"]

@@ -70,8 +70,9 @@ def difference(got, expected, tolerance: float = 0.0, where: str = "") -> str | 
             return f"{where or 'the answer'} should be a sequence of {len(expected)} values, not a {_kind(got)}"
         if len(got) != len(expected):
             return f"{where or 'the answer'} has {len(got)} values, not the number wanted"
+        part = "part" if any(isinstance(e, list) for e in expected) else "value"  # ([5, 1, 0], 1): two parts
         for i, (g, e) in enumerate(zip(got, expected)):
-            problem = difference(g, e, tolerance, f"value {i + 1} of {where}" if where else f"value {i + 1}")
+            problem = difference(g, e, tolerance, f"{part} {i + 1} of {where}" if where else f"{part} {i + 1}")
             if problem:
                 return problem
         return None
@@ -146,7 +147,7 @@ def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", k
         try:
             got = student_fn(*args)
         except NotImplementedError:
-            _fail(f"{FAIL} {name}: not written yet (it raises NotImplementedError).", None)
+            _fail(f"{FAIL} {name}: no answer yet - write the function's body (it raises NotImplementedError).", None)
             return False
         except Exception as error:  # a student's bug: a message, not a traceback
             _fail(f"{FAIL} {name}({shown}) raised {type(error).__name__}: {error}." + (f" Hint: {hint}" if hint

@@ -7,7 +7,7 @@ just above).  The generator replaces each region with a stub:
 * at the top level, every ``name = ...`` the region assigns becomes
   ``name = ...  # TODO`` (the check cell then says "no answer yet");
 * inside a function, the body becomes ``raise NotImplementedError("TODO ...")``
-  (the check cell reports it as not written yet);
+  (the check cell says there is no answer yet);
 * ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` regions (the lines that
   switch nbgrader's autograde to grading mode) are removed.
 

@@ -197,7 +197,7 @@ def _tables(ax, state, colors, top, fills, outlines, labels, pitch=1):
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
                       ncol: int = 2):
-    """A key under the figure for every mark a block map uses (and the optional outlines given)."""
+    """A key under the figure for every mark a block map uses (and the optional outlines given); returns it."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -217,8 +217,17 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:
         handles.append(Patch(facecolor="none", edgecolor=SOURCE, linewidth=2, label=source))
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False, handlelength=1.4,
-               bbox_to_anchor=(0.5, -0.02))
+    return fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False, handlelength=1.4,
+                      bbox_to_anchor=(0.5, -0.02))
+
+
+def key_below(fig, **key_options):
+    """``add_block_map_key``, with the figure's axes laid out above it, so the key covers no tick label or block
+    table (``tight_layout`` keeping the key's height free). Returns the key."""
+    key = add_block_map_key(fig, **key_options)
+    height = key.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
+    fig.tight_layout(rect=(0, height, 1, 1))
+    return key
 
 
 def align_panels(axes) -> None:

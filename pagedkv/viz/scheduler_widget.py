@@ -24,8 +24,9 @@ from ..scheduler import Scheduler
 from ..v1 import KVCacheManager
 from ..v1 import Scheduler as V1Scheduler
 from ..validate import check_choice, check_int
-from .block_map import draw_block_map
+from .block_map import draw_block_map, key_below
 from .timeline import Timeline, draw_timeline
+from .widget_output import show_figure
 
 
 def stand_in_model(token_ids: list[int]) -> int:
@@ -199,18 +200,15 @@ class SchedulerVisualizer:
         self.message_html.value = f"<span class='pagedkv-message'>{html.escape(self.message)}</span>"
         if not self._displayed:
             return
-        with self.output:
-            self.output.clear_output(wait=True)
-            self.figure()
-            plt.show()
+        show_figure(self.output, self.figure())  # not `with self.output: plt.show()`: see widget_output.py
 
     def figure(self):
         """The block map over the timeline, as the widget draws them: also a still picture where widgets do
         not run (on GitHub, say)."""
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), height_ratios=[3, 2])
-        draw_block_map(self.manager.snapshot(), ax=top, key=True)
+        draw_block_map(self.manager.snapshot(), ax=top)
         draw_timeline(self.timeline, ax=bottom)
-        fig.tight_layout()
+        key_below(fig)  # under the timeline's step labels, not over them
         return fig
 
     def _ipython_display_(self):

@@ -25,7 +25,8 @@ from ..paged_cache import PagedKVCache
 from ..sampling import BeamSearchParams
 from ..state import seq_name
 from ..validate import check_int
-from .block_map import draw_block_map, seq_colors
+from .block_map import draw_block_map, key_below, seq_colors
+from .widget_output import show_figure
 
 SEQUENCE_ACTIONS = ("append", "fork", "free", "swap out", "swap in")
 BEAM_TOKENS = 64  # a beam search runs this many clicks, then its blocks are freed
@@ -273,13 +274,14 @@ class BlockTableVisualizer:
     # ------------------------------------------------------------- the view
     def _build_widgets(self) -> None:
         w = widgets
-        self.prompt_len = w.BoundedIntText(value=6, min=1, max=4096, description="prompt len",
+        # min 0: a 0 typed in is refused with a message by the action, not silently made 1 by the widget
+        self.prompt_len = w.BoundedIntText(value=6, min=0, max=4096, description="prompt len",
                                            layout=w.Layout(width="170px"))
         self.reuse = w.Checkbox(value=False, description="same prompt as the last", indent=False,
-                                layout=w.Layout(width="170px"),
+                                layout=w.Layout(width="auto"),
                                 tooltip="start with the previous sequence's prompt: with prefix caching on, its full "
                                         "blocks are shared")
-        self.num_tokens = w.BoundedIntText(value=1, min=1, max=4096, description="k tokens",
+        self.num_tokens = w.BoundedIntText(value=1, min=0, max=4096, description="k tokens",
                                            layout=w.Layout(width="160px"))
         self.seq_menu = w.Dropdown(options=[], description="sequence", layout=w.Layout(width="200px"))
         self.buttons = {}
@@ -351,13 +353,12 @@ class BlockTableVisualizer:
         self.log_area.value = "\n".join(reversed(self.log[-50:]))
         if not self._displayed:
             return
-        with self.output:
-            self.output.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(9, 6))
-            self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
-            draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
-            self._keep_scale(ax)
-            plt.show()
+        fig, ax = plt.subplots(figsize=(9, 6))
+        self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
+        draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
+        self._keep_scale(ax)
+        key_below(fig, highlight="red outline: the blocks the last action touched", cached=bool(state.prefix_caching))
+        show_figure(self.output, fig)  # not `with self.output: plt.show()`: see widget_output.py
 
     def _keep_scale(self, ax) -> None:
         """Room for at least 8 block tables of 12 entries: the cells keep their size from click to click, until
