@@ -301,7 +301,7 @@ class LLMEngine:
         """Nothing ran and nothing runs: the first waiting request cannot fit even an empty pool. vLLM rejects such
         a request up front (``max_model_len``); here it finishes with what it has, with a warning."""
         kv = self.kv_cache_manager
-        if not self.scheduler.requests or self.scheduler.running or kv.num_free_blocks < kv.num_gpu_blocks:
+        if not self.scheduler.requests or self.scheduler.running or kv.num_used_blocks:
             return
         request_id = self.scheduler.waiting[0]
         self.scheduler.finish_ignored(request_id)
@@ -406,7 +406,7 @@ class LLMEngine:
         self.stats.num_preemptions = self.scheduler.num_preemptions
         self.stats.num_prefix_cached_tokens += sum(self.scheduler.requests[r].num_cached_tokens
                                                    for r in out.scheduled_new_reqs)
-        self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, kv.num_gpu_blocks - kv.num_free_blocks)
+        self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, kv.num_used_blocks)  # any group's blocks
 
     def __repr__(self) -> str:
         return f"LLMEngine(version={self.version!r}, block_size={self.block_size}, {self.scheduler!r})"

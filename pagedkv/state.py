@@ -41,6 +41,9 @@ class ManagerState:
     watermark_blocks: int = 0
     prefix_caching: bool = False
     prefix_stats: dict | None = None  # hits, misses, evictions, hit_rate
+    group_tables: dict = field(default_factory=dict)  # hybrid v1: seq_id -> one table per KV cache group
+    group_names: tuple = ()  # hybrid v1: each group's name ("full", "sliding 1024")
+    null_block: int | None = None  # hybrid v1: the reserved block standing for skipped ones
 
     def device_blocks(self, device: str = "gpu") -> list[BlockState]:
         return [b for b in self.blocks if b.device == device]
