@@ -11,8 +11,10 @@ The model sees one flat batch of new tokens (each prefill's uncached tokens,
 one token per decode) with their positions, and a :class:`PagedKVStore` that
 its attention layers call: it writes the new K/V through the slot mapping,
 then attends causally over a prefill's blocks, or runs ``paged_attention`` for
-the decodes.  Every layer has its own K/V tensors; all share the one block
-table per request, as in vLLM.
+the decodes.  Every layer has its own K/V tensors; all layers of one KV cache
+group share that group's block table per request, as in vLLM (one group for a
+uniform model; a hybrid model's sliding-window layers read their group's table
+and attend only over their window).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from .v1 import KVCacheManager, beam_search
 from .v1 import Scheduler as V1Scheduler
 from .v1 import SchedulerOutput as V1SchedulerOutput
+from .v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
 from .validate import check_choice, check_hashable, check_int, is_list_like
 
 
@@ -55,7 +58,7 @@ class _Chunk:
     """One request's (or sequence's) tokens in this step's batch, whichever scheduler chose them."""
 
     key: object  # the sequence id (v0) or request id (v1)
-    block_table: list
+    block_tables: tuple  # one block table per KV cache group (v0 and uniform models: one)
     token_ids: list  # the tokens the model runs on
     start: int  # the position of the first of them
     write_from: int  # positions before this are already in the cache (a prefix hit): not written again
@@ -70,39 +73,62 @@ class _Prefill:
 
 
 @dataclass
+class _GroupMetadata:
+    """One KV cache group's view of the step: its slots and block tables (vLLM builds one per group too)."""
+
+    slot_mapping: torch.Tensor  # where each new token's K/V goes (-1: already in the prefix cache)
+    prefills: list  # one _Prefill per prefilling request
+    block_tables: torch.Tensor  # the decodes', int32, padded
+
+    def __post_init__(self):
+        """What every layer of the group reuses: the rows to write and their slots."""
+        keep = self.slot_mapping >= 0
+        self.rows = None if bool(keep.all()) else keep
+        self.slots = self.slot_mapping[keep]
+
+
+@dataclass
 class PagedKVStore:
     """What ``LlamaAttention`` calls in a paged step: ``attend(layer, q, k, v)`` for the flat batch."""
 
     caches: list  # one CacheEngine per layer
-    slot_mapping: torch.Tensor  # where each new token's K/V goes (-1: already in the prefix cache)
-    prefills: list  # one _Prefill per prefilling request
+    groups: list  # one _GroupMetadata per KV cache group
+    layer_group: list  # the group of each layer
     decode_rows: slice  # the decodes' rows, one each, at the end of the batch
-    block_tables: torch.Tensor  # the decodes', int32, padded
     seq_lens: torch.Tensor  # the decodes', int32
     backend: str
 
     def __post_init__(self):
-        """What every layer reuses: the rows to write and their slots, and (after layer 0) the decode shape."""
-        keep = self.slot_mapping >= 0
-        self._rows = None if bool(keep.all()) else keep
-        self._slots = self.slot_mapping[keep]
         self._shape = None  # the decodes' sizes, checked by the first layer (vLLM: attention metadata)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        cache = self.caches[layer]
-        new_kv = (k, v) if self._rows is None else (k[self._rows], v[self._rows])
-        reshape_and_cache(cache.key_cache, cache.value_cache, self._slots, *new_kv)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               sliding_window: int | None = None) -> torch.Tensor:
+        cache, group = self.caches[layer], self.groups[self.layer_group[layer]]
+        new_kv = (k, v) if group.rows is None else (k[group.rows], v[group.rows])
+        reshape_and_cache(cache.key_cache, cache.value_cache, group.slots, *new_kv)
         out = torch.empty_like(q)
-        for p in self.prefills:  # the cached prefix blocks + the tokens just written, causally
+        for p in group.prefills:  # the cached prefix blocks + the tokens just written, causally
             keys, values = gather_kv(cache.key_cache, cache.value_cache, p.block_table, p.context_len)
-            out[p.rows] = causal_attention(q[p.rows], keys, values, p.num_past)
+            out[p.rows] = causal_attention(q[p.rows], keys, values, p.num_past, sliding_window)
         if self.decode_rows.stop > self.decode_rows.start:  # one query each, over its pages, in place
             query = q[self.decode_rows]
+            if sliding_window is not None:
+                out[self.decode_rows] = self._windowed_decodes(cache, group, query, sliding_window)
+                return out
             if self._shape is None:
-                self._shape = check_attention_args(query, cache.key_cache, cache.value_cache, self.block_tables,
+                self._shape = check_attention_args(query, cache.key_cache, cache.value_cache, group.block_tables,
                                                    self.seq_lens, backend=self.backend)
-            out[self.decode_rows] = run_paged_attention(query, cache.key_cache, cache.value_cache, self.block_tables,
+            out[self.decode_rows] = run_paged_attention(query, cache.key_cache, cache.value_cache, group.block_tables,
                                                         self.seq_lens, self._shape, self.backend)
+        return out
+
+    def _windowed_decodes(self, cache, group, query, sliding_window: int) -> torch.Tensor:
+        """A sliding layer's decodes: each over the last ``sliding_window`` keys of its pages (the blocks before
+        them may be the null block: masked, never read into the result)."""
+        out = torch.empty_like(query)
+        for row, (table, seq_len) in enumerate(zip(group.block_tables, self.seq_lens.tolist())):
+            keys, values = gather_kv(cache.key_cache, cache.value_cache, table, seq_len)
+            out[row:row + 1] = causal_attention(query[row:row + 1], keys, values, seq_len - 1, sliding_window)
         return out
 
 
@@ -133,8 +159,10 @@ class LLMEngine:
         if version == "v1":
             _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager)
             self.block_manager = None
+            self.kv_cache_groups = kv_cache_groups_for(config, block_size, next(model.parameters()).dtype)
             self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks,
-                                                   True if enable_prefix_caching is None else enable_prefix_caching)
+                                                   True if enable_prefix_caching is None else enable_prefix_caching,
+                                                   self.kv_cache_groups)
             self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
                                          long_prefill_token_threshold)
         else:
@@ -147,9 +175,14 @@ class LLMEngine:
                                                   bool(enable_prefix_caching))
             self.block_manager = _check_same_sizes(block_manager, block_size, num_gpu_blocks, num_cpu_blocks)
             self.kv_cache_manager = None
+            self.kv_cache_groups = [None]  # v0 keeps every block of every layer (sliding layers only mask)
             self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                        preemption_mode or "recompute")
         dtype = next(model.parameters()).dtype
+        self.layer_group = [0] * config.num_hidden_layers
+        for group_id, group in enumerate(self.kv_cache_groups):
+            for layer in group.layer_names if group is not None else ():
+                self.layer_group[layer] = group_id
         self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
                                    num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
         self.block_size = block_size
@@ -290,7 +323,7 @@ class LLMEngine:
         for request_id, num_tokens in out.num_scheduled_tokens.items():
             request = self.scheduler.requests[request_id]
             start = request.num_computed_tokens - num_tokens  # schedule() already counted this step's tokens
-            chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids(request_id),
+            chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids_by_group(request_id),
                                  request.all_token_ids[start:start + num_tokens], start, start))
         sampling = self.scheduler.sampling_request_ids(out)
         logits = self._forward(chunks, sampling)
@@ -340,41 +373,50 @@ class LLMEngine:
         for seq_id, tokens in out.prefills:
             num_cached = max(manager.num_cached_tokens(seq_id), out.shared_prefix.get(seq_id, 0))
             start = min(num_cached, len(tokens) - 1)  # a fully cached prompt still runs its last token
-            chunks.append(_Chunk(seq_id, manager.get_block_table(seq_id), tokens[start:], start, num_cached))
+            chunks.append(_Chunk(seq_id, (manager.get_block_table(seq_id),), tokens[start:], start, num_cached))
         for seq_id in out.decodes:
             position = manager.get_num_tokens(seq_id) - 1
             token = self.scheduler.get_seq(seq_id).output_token_ids[-1]
-            chunks.append(_Chunk(seq_id, manager.get_block_table(seq_id), [token], position, position))
+            chunks.append(_Chunk(seq_id, (manager.get_block_table(seq_id),), [token], position, position))
         return self._sample(out.scheduled, self._forward(chunks, out.scheduled))
 
     @torch.inference_mode()
     def _forward(self, chunks: list, sampling: list) -> torch.Tensor:
         """One model pass over a flat batch: every chunk's tokens, multi-token chunks first (causal attention over
         their blocks), then the single tokens (``paged_attention``). The logits of ``sampling``'s last rows."""
-        block_size = self.block_size
         ordered = [c for c in chunks if len(c.token_ids) > 1] + [c for c in chunks if len(c.token_ids) == 1]
-        input_ids, positions, slots, prefills, last_row = [], [], [], [], {}
-        tables, seq_lens = [], []
+        input_ids, positions, last_row, seq_lens = [], [], {}, []
         for chunk in ordered:
             end = chunk.start + len(chunk.token_ids)
             rows = slice(len(input_ids), len(input_ids) + len(chunk.token_ids))
             input_ids += chunk.token_ids
             positions += range(chunk.start, end)
-            slots += [chunk.block_table[p // block_size] * block_size + p % block_size if p >= chunk.write_from
-                      else -1 for p in range(chunk.start, end)]
-            if len(chunk.token_ids) > 1:
-                prefills.append(_Prefill(rows, torch.tensor(chunk.block_table, dtype=torch.int32), end, chunk.start))
-            else:
-                tables.append(chunk.block_table)
+            if len(chunk.token_ids) == 1:
                 seq_lens.append(end)
             last_row[chunk.key] = rows.stop - 1
         num_prefill_rows = sum(len(c.token_ids) for c in ordered if len(c.token_ids) > 1)
-        store = PagedKVStore(self.caches, torch.tensor(slots), prefills, slice(num_prefill_rows, len(input_ids)),
-                             _pad(tables), torch.tensor(seq_lens, dtype=torch.int32), self.backend)
+        groups = [self._group_metadata(ordered, g) for g in range(len(self.kv_cache_groups))]
+        store = PagedKVStore(self.caches, groups, self.layer_group, slice(num_prefill_rows, len(input_ids)),
+                             torch.tensor(seq_lens, dtype=torch.int32), self.backend)
         logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store,
                                         [last_row[key] for key in sampling])
         self.stats.num_computed_tokens += len(input_ids)
         return logits
+
+    def _group_metadata(self, ordered: list, group_id: int) -> _GroupMetadata:
+        """One group's slot mapping and block tables for the batch (its new tokens' blocks are never null)."""
+        block_size, slots, prefills, tables, row = self.block_size, [], [], [], 0
+        for chunk in ordered:
+            table, end = chunk.block_tables[group_id], chunk.start + len(chunk.token_ids)
+            slots += [table[p // block_size] * block_size + p % block_size if p >= chunk.write_from else -1
+                      for p in range(chunk.start, end)]
+            rows = slice(row, row + len(chunk.token_ids))
+            row = rows.stop
+            if len(chunk.token_ids) > 1:
+                prefills.append(_Prefill(rows, torch.tensor(table, dtype=torch.int32), end, chunk.start))
+            else:
+                tables.append(table)
+        return _GroupMetadata(torch.tensor(slots), prefills, _pad(tables))
 
     def _sample(self, seq_ids: list, logits: torch.Tensor) -> dict:
         """Every live sequence's next token: each request's processor samples, forks and prunes its own."""
@@ -410,6 +452,19 @@ class LLMEngine:
 
     def __repr__(self) -> str:
         return f"LLMEngine(version={self.version!r}, block_size={self.block_size}, {self.scheduler!r})"
+
+
+def kv_cache_groups_for(config, block_size: int, dtype: torch.dtype) -> list:
+    """The model's KV cache groups, as vLLM forms them: one spec per layer (its window, if it slides), grouped by
+    ``get_kv_cache_groups``. A uniform model has one full-attention group."""
+    dtype_name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype,
+                                                                                                      "float32")
+    shape = dict(block_size=block_size, num_kv_heads=config.num_key_value_heads, head_size=config.head_dim,
+                 dtype=dtype_name)
+    specs = [FullAttentionSpec(**shape) if config.layer_window(i) is None
+             else SlidingWindowSpec(**shape, sliding_window=config.layer_window(i))
+             for i in range(config.num_hidden_layers)]
+    return get_kv_cache_groups(specs)
 
 
 def _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager) -> None:
