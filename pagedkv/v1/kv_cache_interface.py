@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import PagedKVValueError
+from ..sizing import DTYPE_BYTES, kv_cache_group_size
 from ..validate import check_int
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -122,8 +121,7 @@ def get_kv_cache_groups(layer_specs) -> list[KVCacheGroupSpec]:
         same.setdefault(spec, []).append(i)
     if len(same) == 1:
         return [KVCacheGroupSpec(tuple(range(len(layer_specs))), layer_specs[0])]
-    counts = [len(layers) for layers in same.values()]
-    group_size = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+    group_size = kv_cache_group_size(len(layers) for layers in same.values())
     groups = []
     for spec, layers in same.items():
         num_groups = -(-len(layers) // group_size)
