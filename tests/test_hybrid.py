@@ -236,6 +236,7 @@ def test_one_full_group_reserves_no_null_block():
     (lambda: get_kv_cache_groups([FullAttentionSpec(BS, 2, 32), FullAttentionSpec(BS, 4, 32)]), "page size"),
     (lambda: KVCacheManager(8, 16, True, get_kv_cache_groups([FullAttentionSpec(BS, 2, 32)])), "block_size"),
     (lambda: KVCacheManager(BS, 16, True, []), "kv_cache_groups"),
+    (lambda: KVCacheManager(BS, 16, True, [KVCacheGroupSpec((0, 2), FullAttentionSpec(BS, 2, 32))]), "cover"),
     (lambda: KVCacheManager(BS, 1, True, get_kv_cache_groups([SlidingWindowSpec(BS, 1, 2, sliding_window=3)])),
      "num_gpu_blocks"),
 ])

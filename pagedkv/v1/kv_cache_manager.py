@@ -210,6 +210,10 @@ def _check_groups(kv_cache_groups, block_size: int, num_gpu_blocks: int) -> list
     if not groups or not all(isinstance(g, KVCacheGroupSpec) for g in groups):
         raise PagedKVValueError(f"kv_cache_groups must be a non-empty list of KVCacheGroupSpec (from "
                                 f"get_kv_cache_groups), got {kv_cache_groups!r}.")
+    layers = sorted(layer for g in groups for layer in g.layer_names)
+    if layers != list(range(len(layers))):
+        raise PagedKVValueError(f"kv_cache_groups hold layers {layers}: the groups must cover layers 0..n-1, each "
+                                "exactly once (get_kv_cache_groups builds them from one spec per layer).")
     sizes = {g.kv_cache_spec.block_size for g in groups}
     if sizes != {block_size}:
         raise PagedKVValueError(f"kv_cache_groups have block sizes {sorted(sizes)} but block_size is {block_size}: "
