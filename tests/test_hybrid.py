@@ -141,14 +141,11 @@ def test_a_chunk_frees_a_run_tail_first():
     kv.allocate_slots(request, 24)
     sliding, _ = kv.get_block_ids("r")
     request.num_computed_tokens = 24
-    head_before = kv.allocator.free_block_ids()
-    kv.allocate_slots(request, 16)
-    freed = sliding[:skipped_blocks(24)]  # blocks 0..3 leave at once
-    queue = kv.allocator.free_block_ids()
-    assert [b for b in queue if b in freed] == [b for b in queue if b not in head_before and b in freed]
-    assert {b for b in queue if b in freed} == set(freed)
-    order = [b for b in queue if b in freed]
-    assert order in (freed[::-1], freed)  # tail first into the queue (its end depends on the free-queue rule)
+    queue_before = kv.allocator.free_block_ids()
+    new_sliding, new_full = kv.allocate_slots(request, 16)
+    freed = sliding[:skipped_blocks(24)]  # blocks 0..3 leave at once, before the chunk's blocks are taken
+    assert len(freed) == 4 and new_sliding == freed[::-1]  # hash-less: to the free queue's head, tail first
+    assert new_full == queue_before[:4] and kv.allocator.free_block_ids() == queue_before[4:]
 
 
 def test_allocation_counts_only_the_window():
@@ -345,3 +342,17 @@ def test_hybrid_blocks_follow_vllms_page_rule():
 def test_bad_hybrid_specs_name_the_field(kwargs, field):
     with pytest.raises(PagedKVError, match=field):
         ModelSpec("m", 2, 4, 2, 8, **kwargs)
+
+
+def test_admission_counts_a_sliding_group_only_up_to_its_window(hybrid, tiny):
+    """vLLM's admission gate caps a sliding group at the window plus one step's chunk (+1 block): a 40-token prompt
+    whose two full tables would need 20 blocks runs, chunked, in a pool of 19 usable blocks."""
+    prompt = (tiny[1].encode("The list of items in a dict is ordered by ") * 2)[:40]
+    kv = KVCacheManager(BS, 20, True, hybrid_manager().kv_cache_groups, max_num_batched_tokens=8)
+    assert kv.max_admission_blocks == [-(-(WINDOW - 1 + 8) // BS) + 1, None]
+    assert kv.can_fit_full_sequence(Request("r", prompt, 4))
+    uncapped = KVCacheManager(BS, 20, True, hybrid_manager().kv_cache_groups)
+    assert not uncapped.can_fit_full_sequence(Request("r", prompt, 4))
+    engine = LLMEngine(hybrid, num_gpu_blocks=20, block_size=BS, version="v1", max_num_batched_tokens=8)
+    assert engine.generate([prompt], 4) == [generate_dense(hybrid, prompt, 4)]
+    assert engine.stats.num_ignored == 0 and engine.stats.peak_gpu_blocks <= 19

@@ -24,7 +24,7 @@ class BlockPool:
         self.allocator = BlockAllocator(num_gpu_blocks, block_size)
         self.enable_caching = enable_caching
         self.stats = PrefixCacheStats()
-        self.prefix_caches = [PrefixCache() for _ in range(num_groups)] if enable_caching else None
+        self.prefix_caches = [PrefixCache(duplicates=True) for _ in range(num_groups)] if enable_caching else None
         for cache in self.prefix_caches or ():
             cache.stats = self.stats  # one count for the whole pool
         self.null_block = self.allocator.allocate() if use_null_block else None  # block 0, held forever
@@ -56,10 +56,10 @@ class BlockPool:
 
     def free_blocks(self, ordered_block_ids) -> None:
         """One user fewer of each block, in eviction order (the first is evicted first); the null block is
-        skipped."""
-        for block_id in ordered_block_ids:
-            if block_id != self.null_block:
-                self.allocator.free(block_id)
+        skipped. Blocks nobody uses any more go to the head of the free queue if they hold no cached prefix
+        (reused first), else to its tail (kept longest), each kind in the given order."""
+        real = [b for b in ordered_block_ids if b != self.null_block]
+        self.allocator.free_blocks(real, reuse_first=lambda block_id: self.block_hash(block_id) is None)
 
     def is_evictable(self, block_id: int) -> bool:
         """A cached block waiting in the free queue: a hit on it takes a free block."""

@@ -2,8 +2,8 @@
 
 vLLM 0.33 does this in ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``: ``get_computed_blocks``,
 ``allocate_slots``, ``free``) over ``vllm/v1/core/block_pool.py`` (the free queue and the hash -> block map).
-Here it runs over this repo's own pieces: ``BlockAllocator`` (ref counts, the FIFO free queue, ``blocks.py``)
-and ``PrefixCache`` (chained block hashes, ``prefix.py``).
+Here it runs over this repo's own pieces: ``BlockAllocator`` (ref counts, the free queue, ``blocks.py``)
+and ``PrefixCache`` (chained block hashes, ``prefix.py``), gathered in ``block_pool.py``.
 
 What changed since v0's ``BlockSpaceManager``:
 
@@ -14,6 +14,14 @@ What changed since v0's ``BlockSpaceManager``:
   shares a partly filled block, so there is no copy-on-write.
 * A prefix hit is capped at ``num_tokens - 1`` and rounded down to whole blocks: the model must run on at least
   one token to produce logits, so a fully cached prompt recomputes its whole last block.
+* A block that fills with content already cached is cached too: a hash may name several blocks (0.33's
+  ``BlockPool`` does not de-duplicate, so block tables stay append-only), and the content stays cached until
+  its last copy is evicted.
+* ``full_sequence_must_fit``: the scheduler admits a waiting request only if its whole sequence fits
+  (``can_fit_full_sequence``), not just its first chunk; a sliding-window group counts at most the blocks it
+  can ever hold (``SlidingWindowSpec.max_admission_blocks_per_request``).
+* ``free`` returns blocks tail first: those with a hash join the tail of the free queue (reused last, so a
+  cached prefix stays longest), those without go to the head (reused first), as ``BlockPool.free_blocks``.
 * A hybrid model's layers fall into KV cache groups (``kv_cache_interface.py``), each with its own block table per
   request over one pool; a sliding-window group gives back the blocks that left the window while the request runs
   (``single_type_kv_cache_manager.py``), and the groups agree on one prefix hit (``kv_cache_coordinator.py``).
@@ -38,7 +46,7 @@ class KVCacheManager:
     """
 
     def __init__(self, block_size: int, num_gpu_blocks: int, enable_caching: bool = True,
-                 kv_cache_groups: list[KVCacheGroupSpec] | None = None):
+                 kv_cache_groups: list[KVCacheGroupSpec] | None = None, max_num_batched_tokens: int | None = None):
         if not isinstance(enable_caching, bool):
             raise PagedKVValueError(f"enable_caching must be True or False, got {enable_caching!r}.")
         self.block_size = check_int("block_size", block_size, minimum=1)
@@ -46,6 +54,11 @@ class KVCacheManager:
         if kv_cache_groups is None:  # the manager needs only block_size; the page shape is the engine's business
             kv_cache_groups = [KVCacheGroupSpec((0,), FullAttentionSpec(block_size, 1, 1))]
         self.kv_cache_groups = _check_groups(kv_cache_groups, block_size, num_gpu_blocks)
+        # vLLM's admission cap per group (sliding groups only; needs the step's token budget)
+        self.max_admission_blocks = [
+            g.kv_cache_spec.max_admission_blocks_per_request(max_num_batched_tokens, float("inf"))
+            if g.sliding_window is not None and max_num_batched_tokens is not None else None
+            for g in self.kv_cache_groups]
         self.coordinator = KVCacheCoordinator(self.kv_cache_groups, num_gpu_blocks, enable_caching)
         self.block_pool = self.coordinator.block_pool
         self.num_slots: dict = {}  # request_id -> tokens its blocks have slots for
@@ -57,6 +70,11 @@ class KVCacheManager:
     @property
     def allocator(self):
         return self.block_pool.allocator
+
+    @property
+    def prefix_cache(self):
+        """The first group's hash -> block map (the only group's, for a uniform model); None without caching."""
+        return self.block_pool.prefix_caches[0] if self.block_pool.prefix_caches else None
 
     @property
     def req_to_blocks(self) -> dict:
@@ -126,17 +144,33 @@ class KVCacheManager:
         return hashes
 
     # ---------------------------------------------------------------- slots
+    def can_fit_full_sequence(self, request, new_computed_block_ids=None, num_new_computed_tokens: int = 0) -> bool:
+        """Whether the free blocks hold the request's whole sequence: all ``request.num_tokens`` (prompt, and
+        outputs for a resumed request) less its prefix hit, counting the hit blocks it would revive from the
+        free queue, and for a sliding group at most what it can ever hold (vLLM 0.33:
+        ``KVCacheManager.allocate_slots(..., full_sequence_must_fit=True)``, the admission gate of
+        ``scheduler_reserve_full_isl``). Reads only."""
+        hits = self._hits_by_group(new_computed_block_ids)
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        needed = self.coordinator.get_num_blocks_to_allocate(request.request_id, request.num_tokens, hits,
+                                                             num_computed, self.max_admission_blocks)
+        return needed <= self.num_free_blocks
+
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_block_ids=None):
+                       new_computed_block_ids=None, full_sequence_must_fit: bool = False):
         """Slots for ``num_new_tokens`` after the request's computed tokens (and its new cache hits).
 
         First a sliding group gives back the blocks that left the window (vLLM does this even when the call then
         fails: they are no longer needed either way). Returns the blocks newly taken from the free queue (a list,
-        one per group for several), or None when there are not enough free blocks; then nothing else changed.
+        one per group for several), or None when there are not enough free blocks, or, with
+        ``full_sequence_must_fit``, when ``can_fit_full_sequence`` says no; then nothing else changed.
         """
         check_int("num_new_tokens", num_new_tokens, minimum=0)
         hits = self._hits_by_group(new_computed_block_ids)
         request_id, coordinator = request.request_id, self.coordinator
+        if full_sequence_must_fit and not self.can_fit_full_sequence(request, new_computed_block_ids,
+                                                                     num_new_computed_tokens):
+            return None
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         coordinator.remove_skipped_blocks(request_id, num_computed)
         needed = coordinator.get_num_blocks_to_allocate(request_id, num_computed + num_new_tokens, hits,
