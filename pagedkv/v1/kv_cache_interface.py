@@ -43,14 +43,9 @@ class AttentionSpec:
         return 2 * self.block_size * self.num_kv_heads * self.head_size * DTYPE_BYTES[self.dtype]
 
 
-
 @dataclass(frozen=True)
 class FullAttentionSpec(AttentionSpec):
     """A layer that attends over every earlier token: it keeps all of them (vLLM: ``FullAttentionSpec``)."""
-
-    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int = 0) -> int:
-        """The most one request holds in one layer: every token of the longest allowed request."""
-        return -(-max_model_len // self.block_size) * self.page_size_bytes
 
 
 @dataclass(frozen=True)
@@ -72,9 +67,6 @@ class SlidingWindowSpec(AttentionSpec):
         ``max_in_flight_tokens``, one step's tokens when scheduling is synchronous)."""
         num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
         return -(-num_tokens // self.block_size) + 1
-
-    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int = 0) -> int:
-        return self.max_admission_blocks_per_request(max_num_batched_tokens, max_model_len) * self.page_size_bytes
 
 
 @dataclass(frozen=True)
