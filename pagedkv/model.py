@@ -22,7 +22,7 @@ positions (key ``j`` is visible to query ``p`` iff ``0 <= p - j < sliding_window
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -116,6 +116,11 @@ class LlamaConfig:
             raise PagedKVValueError("layer_types has sliding_attention layers but sliding_window is None: give "
                                     "sliding_window (how many tokens those layers see).")
         object.__setattr__(self, "layer_types", types)
+
+    def __repr__(self) -> str:  # the hybrid fields only when some layer slides (uniform configs print as before)
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if self.is_hybrid or f.name not in ("sliding_window", "layer_types")]
+        return f"LlamaConfig({', '.join(shown)})"
 
     def layer_window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends over (None: full attention)."""
@@ -260,7 +265,6 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.sliding_window = config.layer_window(layer_idx)  # None: full attention
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
@@ -274,13 +278,31 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv is None:  # training and plain forward passes: [batch, T, heads, head_dim], no cache
-            num_tokens = q.shape[-3]
-            mask = attention_mask(num_tokens, num_tokens, self.sliding_window)
             out = F.scaled_dot_product_attention(q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3),
-                                                 attn_mask=mask, is_causal=mask is None and num_tokens > 1,
-                                                 enable_gqa=True).transpose(-2, -3)
-        elif self.sliding_window is None:
+                                                 is_causal=True, enable_gqa=True).transpose(-2, -3)
+        else:
             out = kv.attend(self.layer_idx, q, k, v)  # <- the KV cache: contiguous or paged
+        return self.o_proj(out.flatten(-2))
+
+
+class LlamaSlidingWindowAttention(LlamaAttention):
+    """A ``"sliding_attention"`` layer: the same weights and projections, but each query sees only the last
+    ``sliding_window`` positions (Hugging Face: ``MinistralAttention`` with its ``sliding_window`` set; vLLM:
+    ``Attention(..., per_layer_sliding_window=...)``). The KV store is told the window; so is the mask."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.sliding_window = config.layer_window(layer_idx)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv=None) -> torch.Tensor:
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if kv is None:
+            mask = attention_mask(q.shape[-3], q.shape[-3], self.sliding_window)
+            out = F.scaled_dot_product_attention(q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3),
+                                                 attn_mask=mask, enable_gqa=True).transpose(-2, -3)
         else:
             out = kv.attend(self.layer_idx, q, k, v, sliding_window=self.sliding_window)
         return self.o_proj(out.flatten(-2))
@@ -304,7 +326,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx)
+        sliding = config.layer_window(layer_idx) is not None
+        self.self_attn = (LlamaSlidingWindowAttention if sliding else LlamaAttention)(config, layer_idx)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
