@@ -10,16 +10,19 @@ vLLM splits this between ``vllm/engine/llm_engine.py`` (``step``),
 The model sees one flat batch of new tokens (each prefill's uncached tokens,
 one token per decode) with their positions, and a :class:`PagedKVStore` that
 its attention layers call: it writes the new K/V through the slot mapping,
-then attends causally over a prefill's blocks, or runs ``paged_attention`` for
-the decodes.  Every layer has its own K/V tensors; all layers of one KV cache
-group share that group's block table per request, as in vLLM (one group for a
-uniform model; a hybrid model's sliding-window layers read their group's table
-and attend only over their window).
+then makes one ``unified_paged_attention`` call for every row of the batch,
+each reading its sequence's earlier tokens from the pages (vLLM 0.33's
+``unified_attention``).  Every layer has its own K/V tensors; all layers of one
+KV cache group share that group's block table per request, and the step's
+attention metadata, as in vLLM (one group for a uniform model; a hybrid
+model's sliding-window layers read their group's table, and the kernel's
+``sliding_window`` keeps each query to its window).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -27,10 +30,10 @@ import torch
 
 from .cache import CacheEngine, reshape_and_cache
 from .errors import DuplicateSequenceError, PagedKVValueError, UnknownSequenceError
-from .kernels import check_attention_args, gather_kv, run_paged_attention
+from .kernels import UnifiedAttentionMetadata
 from .kernels.validate import BACKENDS
 from .manager import BlockSpaceManager
-from .model import LlamaForCausalLM, causal_attention
+from .model import LlamaForCausalLM
 from .output_processor import Beams, Samples
 from .sampling import BeamSearchParams, RequestOutput, SamplingParams
 from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
@@ -65,20 +68,12 @@ class _Chunk:
 
 
 @dataclass
-class _Prefill:
-    rows: slice  # this request's rows in the flat batch
-    block_table: torch.Tensor
-    context_len: int  # tokens it attends over once this step's are written
-    num_past: int  # tokens before its first new one
-
-
-@dataclass
 class _GroupMetadata:
-    """One KV cache group's view of the step: its slots and block tables (vLLM builds one per group too)."""
+    """One KV cache group's view of the step: where its new K/V go and its block tables (vLLM builds attention
+    metadata per KV cache group too)."""
 
     slot_mapping: torch.Tensor  # where each new token's K/V goes (-1: already in the prefix cache)
-    prefills: list  # one _Prefill per prefilling request
-    block_tables: torch.Tensor  # the decodes', int32, padded
+    metadata: UnifiedAttentionMetadata  # cu_seqlens_q and seq_lens are every group's; the block tables its own
 
     def __post_init__(self):
         """What every layer of the group reuses: the rows to write and their slots."""
@@ -89,47 +84,27 @@ class _GroupMetadata:
 
 @dataclass
 class PagedKVStore:
-    """What ``LlamaAttention`` calls in a paged step: ``attend(layer, q, k, v)`` for the flat batch."""
+    """What ``LlamaAttention`` calls in a paged step: ``attend(layer, q, k, v)`` for the whole flat batch.
+
+    Each layer writes the step's K/V into its pages (``reshape_and_cache``), then makes one
+    ``unified_paged_attention`` call over every row: prefill chunks, prefix hits and decodes alike read their
+    earlier tokens from the pages (vLLM 0.33: ``unified_attention`` in
+    ``vllm/v1/attention/ops/triton_unified_attention.py``).  ``metadata`` (``cu_seqlens_q``, ``seq_lens``, block
+    tables) is built once per step and shared by every layer, as vLLM's ``CommonAttentionMetadata`` is.
+    """
 
     caches: list  # one CacheEngine per layer
     groups: list  # one _GroupMetadata per KV cache group
     layer_group: list  # the group of each layer
-    decode_rows: slice  # the decodes' rows, one each, at the end of the batch
-    seq_lens: torch.Tensor  # the decodes', int32
     backend: str
-
-    def __post_init__(self):
-        self._shape = None  # the decodes' sizes, checked by the first layer (vLLM: attention metadata)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                sliding_window: int | None = None) -> torch.Tensor:
         cache, group = self.caches[layer], self.groups[self.layer_group[layer]]
         new_kv = (k, v) if group.rows is None else (k[group.rows], v[group.rows])
         reshape_and_cache(cache.key_cache, cache.value_cache, group.slots, *new_kv)
-        out = torch.empty_like(q)
-        for p in group.prefills:  # the cached prefix blocks + the tokens just written, causally
-            keys, values = gather_kv(cache.key_cache, cache.value_cache, p.block_table, p.context_len)
-            out[p.rows] = causal_attention(q[p.rows], keys, values, p.num_past, sliding_window)
-        if self.decode_rows.stop > self.decode_rows.start:  # one query each, over its pages, in place
-            query = q[self.decode_rows]
-            if sliding_window is not None:
-                out[self.decode_rows] = self._windowed_decodes(cache, group, query, sliding_window)
-                return out
-            if self._shape is None:
-                self._shape = check_attention_args(query, cache.key_cache, cache.value_cache, group.block_tables,
-                                                   self.seq_lens, backend=self.backend)
-            out[self.decode_rows] = run_paged_attention(query, cache.key_cache, cache.value_cache, group.block_tables,
-                                                        self.seq_lens, self._shape, self.backend)
-        return out
-
-    def _windowed_decodes(self, cache, group, query, sliding_window: int) -> torch.Tensor:
-        """A sliding layer's decodes: each over the last ``sliding_window`` keys of its pages (the blocks before
-        them may be the null block: masked, never read into the result)."""
-        out = torch.empty_like(query)
-        for row, (table, seq_len) in enumerate(zip(group.block_tables, self.seq_lens.tolist())):
-            keys, values = gather_kv(cache.key_cache, cache.value_cache, table, seq_len)
-            out[row:row + 1] = causal_attention(query[row:row + 1], keys, values, seq_len - 1, sliding_window)
-        return out
+        return group.metadata.attend(q, cache.key_cache, cache.value_cache, sliding_window=sliding_window,
+                                     backend=self.backend)
 
 
 class LLMEngine:
@@ -387,41 +362,35 @@ class LLMEngine:
 
     @torch.inference_mode()
     def _forward(self, chunks: list, sampling: list) -> torch.Tensor:
-        """One model pass over a flat batch: every chunk's tokens, multi-token chunks first (causal attention over
-        their blocks), then the single tokens (``paged_attention``). The logits of ``sampling``'s last rows."""
-        ordered = [c for c in chunks if len(c.token_ids) > 1] + [c for c in chunks if len(c.token_ids) == 1]
-        input_ids, positions, last_row, seq_lens = [], [], {}, []
-        for chunk in ordered:
+        """One model pass over a flat batch: every chunk's tokens, in order, and one attention call per layer over
+        all of them (the step's metadata built here, once per KV cache group). The logits of ``sampling``'s last
+        rows."""
+        input_ids, positions, last_row = [], [], {}
+        for chunk in chunks:
             end = chunk.start + len(chunk.token_ids)
-            rows = slice(len(input_ids), len(input_ids) + len(chunk.token_ids))
             input_ids += chunk.token_ids
             positions += range(chunk.start, end)
-            if len(chunk.token_ids) == 1:
-                seq_lens.append(end)
-            last_row[chunk.key] = rows.stop - 1
-        num_prefill_rows = sum(len(c.token_ids) for c in ordered if len(c.token_ids) > 1)
-        groups = [self._group_metadata(ordered, g) for g in range(len(self.kv_cache_groups))]
-        store = PagedKVStore(self.caches, groups, self.layer_group, slice(num_prefill_rows, len(input_ids)),
-                             torch.tensor(seq_lens, dtype=torch.int32), self.backend)
+            last_row[chunk.key] = len(input_ids) - 1
+        query_lens = [len(c.token_ids) for c in chunks]
+        cu_seqlens_q = torch.tensor([0] + list(itertools.accumulate(query_lens)), dtype=torch.int32)
+        seq_lens = torch.tensor([c.start + n for c, n in zip(chunks, query_lens)], dtype=torch.int32)
+        groups = [self._group_metadata(chunks, g, cu_seqlens_q, seq_lens) for g in range(len(self.kv_cache_groups))]
+        store = PagedKVStore(self.caches, groups, self.layer_group, self.backend)
         logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store,
                                         [last_row[key] for key in sampling])
         self.stats.num_computed_tokens += len(input_ids)
         return logits
 
-    def _group_metadata(self, ordered: list, group_id: int) -> _GroupMetadata:
-        """One group's slot mapping and block tables for the batch (its new tokens' blocks are never null)."""
-        block_size, slots, prefills, tables, row = self.block_size, [], [], [], 0
-        for chunk in ordered:
-            table, end = chunk.block_tables[group_id], chunk.start + len(chunk.token_ids)
+    def _group_metadata(self, chunks: list, group_id: int, cu_seqlens_q, seq_lens) -> _GroupMetadata:
+        """One group's slot mapping and block tables for the batch (a chunk's new tokens never land in a null
+        block: only blocks wholly before the window of its first new token are null)."""
+        block_size, slots = self.block_size, []
+        for chunk in chunks:
+            table = chunk.block_tables[group_id]
             slots += [table[p // block_size] * block_size + p % block_size if p >= chunk.write_from else -1
-                      for p in range(chunk.start, end)]
-            rows = slice(row, row + len(chunk.token_ids))
-            row = rows.stop
-            if len(chunk.token_ids) > 1:
-                prefills.append(_Prefill(rows, torch.tensor(table, dtype=torch.int32), end, chunk.start))
-            else:
-                tables.append(table)
-        return _GroupMetadata(torch.tensor(slots), prefills, _pad(tables))
+                      for p in range(chunk.start, chunk.start + len(chunk.token_ids))]
+        tables = _pad([c.block_tables[group_id] for c in chunks])
+        return _GroupMetadata(torch.tensor(slots), UnifiedAttentionMetadata(cu_seqlens_q, seq_lens, tables))
 
     def _sample(self, seq_ids: list, logits: torch.Tensor) -> dict:
         """Every live sequence's next token: each request's processor samples, forks and prunes its own."""
