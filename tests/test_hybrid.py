@@ -356,3 +356,32 @@ def test_admission_counts_a_sliding_group_only_up_to_its_window(hybrid, tiny):
     engine = LLMEngine(hybrid, num_gpu_blocks=20, block_size=BS, version="v1", max_num_batched_tokens=8)
     assert engine.generate([prompt], 4) == [generate_dense(hybrid, prompt, 4)]
     assert engine.stats.num_ignored == 0 and engine.stats.peak_gpu_blocks <= 19
+
+
+# ------------------------------------------------------------------ drawing
+def test_block_map_and_text_map_show_every_groups_table_and_the_null_block():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pagedkv.viz import draw_block_map
+
+    kv = hybrid_manager(24)
+    request = Request("A", list(range(14)), max_tokens=8)
+    kv.allocate_slots(request, 14)
+    request.num_computed_tokens = 14
+    for token in range(6):
+        request.output_token_ids.append(token)
+        kv.allocate_slots(request, 1)
+        request.num_computed_tokens += 1
+    state = kv.snapshot()
+    sliding, full = state.group_tables["A"]
+    assert sliding[:3] == [0, 0, 0] and 0 not in full and state.num_used() == 2 + len(full)
+    ax = draw_block_map(state, key=True)
+    texts = [t.get_text() for t in ax.texts]
+    assert "seq A · sliding 8" in texts and "seq A · full" in texts
+    assert texts.count("null") == 1 + 3  # the pool's block 0 and three table entries
+    legend = [t.get_text() for t in ax.figure.legends[0].get_texts()]
+    assert any(label.startswith("null block") for label in legend)
+    text_map = str(state)
+    assert "sliding 8 -> [null, null, null, " in text_map and "null block (stands for" in text_map
+    matplotlib.pyplot.close(ax.figure)
