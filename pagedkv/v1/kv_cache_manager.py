@@ -62,6 +62,7 @@ class KVCacheManager:
         self.coordinator = KVCacheCoordinator(self.kv_cache_groups, num_gpu_blocks, enable_caching)
         self.block_pool = self.coordinator.block_pool
         self.num_slots: dict = {}  # request_id -> tokens its blocks have slots for
+        self.req_to_hashes: dict = {}  # request_id -> (hash, parent, tokens) of its full blocks, grown as they fill
 
     @property
     def is_hybrid(self) -> bool:
@@ -135,13 +136,15 @@ class KVCacheManager:
         return blocks if self.is_hybrid else blocks[0]
 
     def _block_hashes(self, request, num_tokens: int) -> list[tuple]:
-        """``(hash, parent hash, tokens)`` of each full block among the first ``num_tokens`` tokens."""
-        tokens, bs, hashes, parent = request.all_token_ids, self.block_size, [], None
-        for i in range(num_tokens // bs):
+        """``(hash, parent hash, tokens)`` of each full block among the first ``num_tokens`` tokens (vLLM keeps
+        them on the request, ``request.block_hashes``; here a running request's are kept and extended)."""
+        hashes = self.req_to_hashes.get(request.request_id, []) if request.request_id in self.num_slots else []
+        tokens, bs = request.all_token_ids, self.block_size
+        for i in range(len(hashes), num_tokens // bs):
+            parent = hashes[-1][0] if hashes else None
             block_tokens = tokens[i * bs:(i + 1) * bs]
             hashes.append((hash_block_tokens(parent, block_tokens), parent, block_tokens))
-            parent = hashes[-1][0]
-        return hashes
+        return hashes[:num_tokens // bs]
 
     # ---------------------------------------------------------------- slots
     def can_fit_full_sequence(self, request, new_computed_block_ids=None, num_new_computed_tokens: int = 0) -> bool:
@@ -188,7 +191,8 @@ class KVCacheManager:
         self.num_slots[request_id] = num_computed + num_new_tokens
         num_cached = min(num_computed + num_new_tokens, request.num_tokens)
         if self.block_pool.prefix_caches is not None:
-            coordinator.cache_blocks(request_id, self._block_hashes(request, num_cached), num_cached)
+            hashes = self.req_to_hashes[request_id] = self._block_hashes(request, num_cached)
+            coordinator.cache_blocks(request_id, hashes, num_cached)
         return self._per_group(new)
 
     def _hits_by_group(self, new_computed_block_ids) -> tuple:
@@ -201,6 +205,7 @@ class KVCacheManager:
         longest."""
         self.coordinator.free(request.request_id)
         self.num_slots.pop(request.request_id, None)
+        self.req_to_hashes.pop(request.request_id, None)
 
     # ---------------------------------------------------------------- drawing
     def snapshot(self) -> ManagerState:
