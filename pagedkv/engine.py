@@ -155,13 +155,15 @@ class LLMEngine:
                                                   bool(enable_prefix_caching))
             self.block_manager = _check_same_sizes(block_manager, block_size, num_gpu_blocks, num_cpu_blocks)
             self.kv_cache_manager = None
-            self.kv_cache_groups = [None]  # v0 keeps every block of every layer (sliding layers only mask)
+            # v0 keeps every block of every layer; sliding layers only mask (vLLM: unify_hybrid_kv_cache_specs)
+            self.kv_cache_groups = kv_cache_groups_for(config, block_size, next(model.parameters()).dtype,
+                                                       unify=True)
             self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                        preemption_mode or "recompute")
         dtype = next(model.parameters()).dtype
         self.layer_group = [0] * config.num_hidden_layers
         for group_id, group in enumerate(self.kv_cache_groups):
-            for layer in group.layer_names if group is not None else ():
+            for layer in group.layer_names:
                 self.layer_group[layer] = group_id
         self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
                                    num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
@@ -428,14 +430,15 @@ class LLMEngine:
         return f"LLMEngine(version={self.version!r}, block_size={self.block_size}, {self.scheduler!r})"
 
 
-def kv_cache_groups_for(config, block_size: int, dtype: torch.dtype) -> list:
+def kv_cache_groups_for(config, block_size: int, dtype: torch.dtype, unify: bool = False) -> list:
     """The model's KV cache groups, as vLLM forms them: one spec per layer (its window, if it slides), grouped by
-    ``get_kv_cache_groups``. A uniform model has one full-attention group."""
+    ``get_kv_cache_groups``. A uniform model has one full-attention group; so has every model with ``unify`` (vLLM's
+    ``--disable-hybrid-kv-cache-manager``: ``unify_hybrid_kv_cache_specs`` keeps every token of every layer)."""
     dtype_name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype,
                                                                                                       "float32")
     shape = dict(block_size=block_size, num_kv_heads=config.num_key_value_heads, head_size=config.head_dim,
                  dtype=dtype_name)
-    specs = [FullAttentionSpec(**shape) if config.layer_window(i) is None
+    specs = [FullAttentionSpec(**shape) if unify or config.layer_window(i) is None
              else SlidingWindowSpec(**shape, sliding_window=config.layer_window(i))
              for i in range(config.num_hidden_layers)]
     return get_kv_cache_groups(specs)
