@@ -524,8 +524,12 @@ EXERCISES: dict[str, Exercise] = {
                            "cached block and runs only the last token."),
     "12.E1": Exercise("(null entries, real blocks) of the sliding group", expected=_sliding_group_at_5000,
                       hint="the next token at position 5,000 sees positions 3,977..5,000; only blocks that end before "
-                           "the window's first position are null; the table covers every position up to 5,000."),
+                           "the window's first position are null; the table covers every position up to 5,000.",
+                      mistakes=((lambda: (249, 64), "that nulls the block holding position 3,977, which the next token "
+                                 "still sees: only blocks wholly before the window are given back."),)),
     "12.E2": Exercise("(hit tokens, null entries in the sliding group's hit)", expected=_agreed_hit_with_a_gap,
                       hint="search the sliding group from the right for ceil((8 - 1) / 4) cached blocks in a row; "
-                           "the hit ends after that run, and the full group serves any shorter prefix."),
+                           "the hit ends after that run, and the full group serves any shorter prefix.",
+                      mistakes=((lambda: (24, 4), "that is the full group's hit alone; the sliding group needs the 2 "
+                                 "blocks just before the hit point cached, and block 5 is not."),)),
 }
