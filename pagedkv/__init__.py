@@ -34,7 +34,7 @@ from .paged_cache import CacheEvent, PagedKVCache
 from .prefix import hash_block_tokens
 from .sampling import BeamSearchParams, CompletionOutput, RequestOutput, SamplingParams
 from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
-from .sizing import MODELS, ModelSpec, cache_block_bytes, num_cpu_blocks, num_gpu_blocks
+from .sizing import HYBRID_MODELS, MODELS, ModelSpec, cache_block_bytes, num_cpu_blocks, num_gpu_blocks
 from .state import BlockState, ManagerState
 from .v1 import beam_search
 
@@ -43,7 +43,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AllocStatus", "BeamSearchParams", "BlockAllocator", "BlockSpaceManager", "BlockState", "BlockTableError",
     "CUDA_MODE", "CacheEngine", "CacheEvent", "CompletionOutput", "DoubleFreeError", "DuplicateSequenceError",
-    "EmptyPromptError", "EngineStats", "FreeBlockQueue", "LLMEngine", "LlamaConfig", "LlamaForCausalLM", "MODELS",
+    "EmptyPromptError", "EngineStats", "FreeBlockQueue", "HYBRID_MODELS", "LLMEngine", "LlamaConfig",
+    "LlamaForCausalLM", "MODELS",
     "ManagerState", "ModelFileError", "ModelSpec", "NoFreeBlocksError", "PagedKVCache", "PagedKVError",
     "PagedKVKeyError", "PagedKVValueError", "PreemptionMode", "RequestOutput", "SamplingParams", "Scheduler",
     "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "beam_search", "beam_search_dense",

@@ -12,8 +12,11 @@ one token per decode) with their positions, and a :class:`PagedKVStore` that
 its attention layers call: it writes the new K/V through the slot mapping,
 then makes one ``unified_paged_attention`` call for every row of the batch,
 each reading its sequence's earlier tokens from the pages (vLLM 0.33's
-``unified_attention``).  Every layer has its own K/V tensors; all share the one
-block table per request and the step's attention metadata, as in vLLM.
+``unified_attention``).  Every layer has its own K/V tensors; all layers of one
+KV cache group share that group's block table per request, and the step's
+attention metadata, as in vLLM (one group for a uniform model; a hybrid
+model's sliding-window layers read their group's table, and the kernel's
+``sliding_window`` keeps each query to its window).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from .v1 import KVCacheManager, beam_search
 from .v1 import Scheduler as V1Scheduler
 from .v1 import SchedulerOutput as V1SchedulerOutput
+from .v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
 from .validate import check_choice, check_hashable, check_int, is_list_like
 
 
@@ -57,10 +61,25 @@ class _Chunk:
     """One request's (or sequence's) tokens in this step's batch, whichever scheduler chose them."""
 
     key: object  # the sequence id (v0) or request id (v1)
-    block_table: list
+    block_tables: tuple  # one block table per KV cache group (v0 and uniform models: one)
     token_ids: list  # the tokens the model runs on
     start: int  # the position of the first of them
     write_from: int  # positions before this are already in the cache (a prefix hit): not written again
+
+
+@dataclass
+class _GroupMetadata:
+    """One KV cache group's view of the step: where its new K/V go and its block tables (vLLM builds attention
+    metadata per KV cache group too)."""
+
+    slot_mapping: torch.Tensor  # where each new token's K/V goes (-1: already in the prefix cache)
+    metadata: UnifiedAttentionMetadata  # cu_seqlens_q and seq_lens are every group's; the block tables its own
+
+    def __post_init__(self):
+        """What every layer of the group reuses: the rows to write and their slots."""
+        keep = self.slot_mapping >= 0
+        self.rows = None if bool(keep.all()) else keep
+        self.slots = self.slot_mapping[keep]
 
 
 @dataclass
@@ -75,23 +94,17 @@ class PagedKVStore:
     """
 
     caches: list  # one CacheEngine per layer
-    slot_mapping: torch.Tensor  # where each new token's K/V goes (-1: already in the prefix cache)
-    metadata: UnifiedAttentionMetadata
+    groups: list  # one _GroupMetadata per KV cache group
+    layer_group: list  # the group of each layer
     backend: str
-    sliding_window: int | None = None  # every layer's window here (None: full attention)
 
-    def __post_init__(self):
-        """What every layer reuses: the rows to write and their slots."""
-        keep = self.slot_mapping >= 0
-        self._rows = None if bool(keep.all()) else keep
-        self._slots = self.slot_mapping[keep]
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        cache = self.caches[layer]
-        new_kv = (k, v) if self._rows is None else (k[self._rows], v[self._rows])
-        reshape_and_cache(cache.key_cache, cache.value_cache, self._slots, *new_kv)
-        return self.metadata.attend(q, cache.key_cache, cache.value_cache, sliding_window=self.sliding_window,
-                                    backend=self.backend)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               sliding_window: int | None = None) -> torch.Tensor:
+        cache, group = self.caches[layer], self.groups[self.layer_group[layer]]
+        new_kv = (k, v) if group.rows is None else (k[group.rows], v[group.rows])
+        reshape_and_cache(cache.key_cache, cache.value_cache, group.slots, *new_kv)
+        return group.metadata.attend(q, cache.key_cache, cache.value_cache, sliding_window=sliding_window,
+                                     backend=self.backend)
 
 
 class LLMEngine:
@@ -122,8 +135,10 @@ class LLMEngine:
         if version == "v1":
             _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager)
             self.block_manager = None
+            self.kv_cache_groups = kv_cache_groups_for(config, block_size, next(model.parameters()).dtype)
             self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks,
-                                                   True if enable_prefix_caching is None else enable_prefix_caching)
+                                                   True if enable_prefix_caching is None else enable_prefix_caching,
+                                                   self.kv_cache_groups, max_num_batched_tokens)
             self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
                                          long_prefill_token_threshold, scheduler_reserve_full_isl)
         else:
@@ -140,9 +155,16 @@ class LLMEngine:
                                                   bool(enable_prefix_caching))
             self.block_manager = _check_same_sizes(block_manager, block_size, num_gpu_blocks, num_cpu_blocks)
             self.kv_cache_manager = None
+            # v0 keeps every block of every layer; sliding layers only mask (vLLM: unify_hybrid_kv_cache_specs)
+            self.kv_cache_groups = kv_cache_groups_for(config, block_size, next(model.parameters()).dtype,
+                                                       unify=True)
             self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                        preemption_mode or "recompute")
         dtype = next(model.parameters()).dtype
+        self.layer_group = [0] * config.num_hidden_layers
+        for group_id, group in enumerate(self.kv_cache_groups):
+            for layer in group.layer_names:
+                self.layer_group[layer] = group_id
         self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
                                    num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
         self.block_size = block_size
@@ -283,7 +305,7 @@ class LLMEngine:
         for request_id, num_tokens in out.num_scheduled_tokens.items():
             request = self.scheduler.requests[request_id]
             start = request.num_computed_tokens - num_tokens  # schedule() already counted this step's tokens
-            chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids(request_id),
+            chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids_by_group(request_id),
                                  request.all_token_ids[start:start + num_tokens], start, start))
         sampling = self.scheduler.sampling_request_ids(out)
         logits = self._forward(chunks, sampling)
@@ -294,7 +316,7 @@ class LLMEngine:
         """Nothing ran and nothing runs: the first waiting request cannot fit even an empty pool. vLLM rejects such
         a request up front (``max_model_len``); here it finishes with what it has, with a warning."""
         kv = self.kv_cache_manager
-        if not self.scheduler.requests or self.scheduler.running or kv.num_free_blocks < kv.num_gpu_blocks:
+        if not self.scheduler.requests or self.scheduler.running or kv.num_used_blocks:
             return
         request_id = self.scheduler.waiting[0]
         self.scheduler.finish_ignored(request_id)
@@ -333,36 +355,44 @@ class LLMEngine:
         for seq_id, tokens in out.prefills:
             num_cached = max(manager.num_cached_tokens(seq_id), out.shared_prefix.get(seq_id, 0))
             start = min(num_cached, len(tokens) - 1)  # a fully cached prompt still runs its last token
-            chunks.append(_Chunk(seq_id, manager.get_block_table(seq_id), tokens[start:], start, num_cached))
+            chunks.append(_Chunk(seq_id, (manager.get_block_table(seq_id),), tokens[start:], start, num_cached))
         for seq_id in out.decodes:
             position = manager.get_num_tokens(seq_id) - 1
             token = self.scheduler.get_seq(seq_id).output_token_ids[-1]
-            chunks.append(_Chunk(seq_id, manager.get_block_table(seq_id), [token], position, position))
+            chunks.append(_Chunk(seq_id, (manager.get_block_table(seq_id),), [token], position, position))
         return self._sample(out.scheduled, self._forward(chunks, out.scheduled))
 
     @torch.inference_mode()
     def _forward(self, chunks: list, sampling: list) -> torch.Tensor:
         """One model pass over a flat batch: every chunk's tokens, in order, and one attention call per layer over
-        all of them (the step's metadata built here, once). The logits of ``sampling``'s last rows."""
-        block_size = self.block_size
-        input_ids, positions, slots, last_row = [], [], [], {}
+        all of them (the step's metadata built here, once per KV cache group). The logits of ``sampling``'s last
+        rows."""
+        input_ids, positions, last_row = [], [], {}
         for chunk in chunks:
             end = chunk.start + len(chunk.token_ids)
             input_ids += chunk.token_ids
             positions += range(chunk.start, end)
-            slots += [chunk.block_table[p // block_size] * block_size + p % block_size if p >= chunk.write_from
-                      else -1 for p in range(chunk.start, end)]
             last_row[chunk.key] = len(input_ids) - 1
         query_lens = [len(c.token_ids) for c in chunks]
-        metadata = UnifiedAttentionMetadata(
-            cu_seqlens_q=torch.tensor([0] + list(itertools.accumulate(query_lens)), dtype=torch.int32),
-            seq_lens=torch.tensor([c.start + n for c, n in zip(chunks, query_lens)], dtype=torch.int32),
-            block_tables=_pad([c.block_table for c in chunks]))
-        store = PagedKVStore(self.caches, torch.tensor(slots), metadata, self.backend)
+        cu_seqlens_q = torch.tensor([0] + list(itertools.accumulate(query_lens)), dtype=torch.int32)
+        seq_lens = torch.tensor([c.start + n for c, n in zip(chunks, query_lens)], dtype=torch.int32)
+        groups = [self._group_metadata(chunks, g, cu_seqlens_q, seq_lens) for g in range(len(self.kv_cache_groups))]
+        store = PagedKVStore(self.caches, groups, self.layer_group, self.backend)
         logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store,
                                         [last_row[key] for key in sampling])
         self.stats.num_computed_tokens += len(input_ids)
         return logits
+
+    def _group_metadata(self, chunks: list, group_id: int, cu_seqlens_q, seq_lens) -> _GroupMetadata:
+        """One group's slot mapping and block tables for the batch (a chunk's new tokens never land in a null
+        block: only blocks wholly before the window of its first new token are null)."""
+        block_size, slots = self.block_size, []
+        for chunk in chunks:
+            table = chunk.block_tables[group_id]
+            slots += [table[p // block_size] * block_size + p % block_size if p >= chunk.write_from else -1
+                      for p in range(chunk.start, chunk.start + len(chunk.token_ids))]
+        tables = _pad([c.block_tables[group_id] for c in chunks])
+        return _GroupMetadata(torch.tensor(slots), UnifiedAttentionMetadata(cu_seqlens_q, seq_lens, tables))
 
     def _sample(self, seq_ids: list, logits: torch.Tensor) -> dict:
         """Every live sequence's next token: each request's processor samples, forks and prunes its own."""
@@ -394,10 +424,24 @@ class LLMEngine:
         self.stats.num_preemptions = self.scheduler.num_preemptions
         self.stats.num_prefix_cached_tokens += sum(self.scheduler.requests[r].num_cached_tokens
                                                    for r in out.scheduled_new_reqs)
-        self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, kv.num_gpu_blocks - kv.num_free_blocks)
+        self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, kv.num_used_blocks)  # any group's blocks
 
     def __repr__(self) -> str:
         return f"LLMEngine(version={self.version!r}, block_size={self.block_size}, {self.scheduler!r})"
+
+
+def kv_cache_groups_for(config, block_size: int, dtype: torch.dtype, unify: bool = False) -> list:
+    """The model's KV cache groups, as vLLM forms them: one spec per layer (its window, if it slides), grouped by
+    ``get_kv_cache_groups``. A uniform model has one full-attention group; so has every model with ``unify`` (vLLM's
+    ``--disable-hybrid-kv-cache-manager``: ``unify_hybrid_kv_cache_specs`` keeps every token of every layer)."""
+    dtype_name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype,
+                                                                                                      "float32")
+    shape = dict(block_size=block_size, num_kv_heads=config.num_key_value_heads, head_size=config.head_dim,
+                 dtype=dtype_name)
+    specs = [FullAttentionSpec(**shape) if unify or config.layer_window(i) is None
+             else SlidingWindowSpec(**shape, sliding_window=config.layer_window(i))
+             for i in range(config.num_hidden_layers)]
+    return get_kv_cache_groups(specs)
 
 
 def _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager) -> None:

@@ -12,12 +12,17 @@ the KV cache enters in exactly one place: ``LlamaAttention`` hands its new
 and attends over everything stored before.  :class:`ContiguousKVCache` is the
 dense reference (one growing tensor per layer); the paged store lives in
 ``pagedkv.engine``.  Without a store, attention is plain causal attention (training).
+
+Layers may be of two kinds, as in Hugging Face's Mistral/Ministral/Gemma 3 configs (``layer_types``):
+``"full_attention"`` sees every earlier token; ``"sliding_attention"`` sees only the last ``sliding_window``
+positions (key ``j`` is visible to query ``p`` iff ``0 <= p - j < sliding_window``, transformers'
+``sliding_window_overlay`` in ``masking_utils.py``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -37,6 +42,7 @@ from .sampling import (
 from .validate import check_int, check_token_ids
 
 TINY_DIR = Path(__file__).parent / "data" / "tiny_llama"
+LAYER_TYPES = ("full_attention", "sliding_attention")  # Hugging Face's names
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class LlamaConfig:
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
     bos_token_id: int | None = None
     eos_token_id: int | None = None  # greedy decoding stops after it (unless ignore_eos)
+    sliding_window: int | None = None  # the window of every "sliding_attention" layer
+    layer_types: tuple | None = None  # one of LAYER_TYPES per layer; None: all sliding if a window is set
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -80,24 +88,78 @@ class LlamaConfig:
         for name in ("bos_token_id", "eos_token_id"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), minimum=0)
+        self._check_layer_types()
+
+    def _check_layer_types(self) -> None:
+        """``sliding_window`` a positive int or None; ``layer_types`` one known type per layer (Hugging Face's
+        Ministral default when None: every layer slides if a window is set)."""
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
+                                                or not isinstance(self.sliding_window, int)
+                                                or self.sliding_window < 1):
+            raise PagedKVValueError(f"sliding_window must be a positive int (tokens a sliding layer sees) or None, "
+                                    f"got {self.sliding_window!r}.")
+        types = self.layer_types
+        if types is None:
+            kind = "full_attention" if self.sliding_window is None else "sliding_attention"
+            types = (kind,) * self.num_hidden_layers
+        if isinstance(types, (str, bytes)) or not hasattr(types, "__iter__"):
+            raise PagedKVValueError(f"layer_types must be a list with one entry per layer, got {types!r}.")
+        types = tuple(types)
+        if len(types) != self.num_hidden_layers:
+            raise PagedKVValueError(f"layer_types has {len(types)} entries but num_hidden_layers is "
+                                    f"{self.num_hidden_layers}: give one type per layer.")
+        unknown = [t for t in types if t not in LAYER_TYPES]
+        if unknown:
+            raise PagedKVValueError(f"layer_types has unknown type {unknown[0]!r}; each is one of {list(LAYER_TYPES)} "
+                                    "(Hugging Face's names).")
+        if "sliding_attention" in types and self.sliding_window is None:
+            raise PagedKVValueError("layer_types has sliding_attention layers but sliding_window is None: give "
+                                    "sliding_window (how many tokens those layers see).")
+        object.__setattr__(self, "layer_types", types)
+
+    def __repr__(self) -> str:  # the hybrid fields only when some layer slides (uniform configs print as before)
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if self.is_hybrid or f.name not in ("sliding_window", "layer_types")]
+        return f"LlamaConfig({', '.join(shown)})"
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window layer ``layer`` attends over (None: full attention)."""
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether any layer slides (its KV cache can drop old blocks)."""
+        return "sliding_attention" in self.layer_types
 
     def to_hf_dict(self) -> dict:
-        """``config.json`` as Hugging Face writes it, so ``transformers`` can read it too."""
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **asdict(self),
+        """``config.json`` as Hugging Face writes it, so ``transformers`` can read it too.
+
+        A model with sliding layers is written as a Ministral (Llama's layers and weights, plus Hugging Face's
+        ``sliding_window`` and ``layer_types``), the transformers class that honours per-layer windows.
+        """
+        fields = asdict(self)
+        fields["layer_types"] = list(self.layer_types)
+        arch, model_type = ("MinistralForCausalLM", "ministral") if self.is_hybrid else ("LlamaForCausalLM", "llama")
+        if not self.is_hybrid:  # today's Llama files stay exactly as they were
+            del fields["sliding_window"], fields["layer_types"]
+        return {"architectures": [arch], "model_type": model_type, **fields,
                 "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"}}
 
     @classmethod
     def from_hf_dict(cls, config: dict) -> LlamaConfig:
-        if config.get("model_type") != "llama" and "LlamaForCausalLM" not in config.get("architectures", []):
+        if config.get("model_type") not in ("llama", "mistral", "ministral") \
+                and "LlamaForCausalLM" not in config.get("architectures", []):
             raise PagedKVValueError(f"config.json describes a {config.get('model_type')!r} model "
-                                    f"({config.get('architectures')}); pagedkv loads Llama models only.")
+                                    f"({config.get('architectures')}); pagedkv loads Llama models only (Mistral and "
+                                    "Ministral too: Llama's layers with sliding windows).")
         unsupported = [k for k in ("rope_scaling", "attention_bias", "mlp_bias") if config.get(k)]
         if unsupported:
             raise PagedKVValueError(f"this Llama uses {unsupported}, which pagedkv's small Llama does not implement.")
         rope = config.get("rope_parameters") or {}
         fields = {k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                          "num_attention_heads", "max_position_embeddings")}
-        optional = {k: config.get(k) for k in ("head_dim", "bos_token_id", "eos_token_id")}
+        optional = {k: config.get(k) for k in ("head_dim", "bos_token_id", "eos_token_id", "sliding_window",
+                                               "layer_types")}
         if isinstance(optional["eos_token_id"], list):  # Hugging Face allows several; the first is the EOS
             optional["eos_token_id"] = optional["eos_token_id"][0] if optional["eos_token_id"] else None
         return cls(**fields, num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
@@ -136,19 +198,35 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos[..., None, :] + rotated * sin[..., None, :]).to(x.dtype)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_past: int = 0) -> torch.Tensor:
+def attention_mask(num_queries: int, num_keys: int, sliding_window: int | None = None) -> torch.Tensor | None:
+    """Which keys each query sees: ``[num_queries, num_keys]`` booleans, the queries being the last positions.
+
+    Query ``i`` sits at position ``p = num_keys - num_queries + i`` and sees key ``j`` iff ``j <= p`` and, for a
+    sliding layer, ``p - j < sliding_window``. None when every query sees every key (one query, no window
+    reaching back far enough).
+    """
+    positions = torch.arange(num_keys - num_queries, num_keys)[:, None]
+    keys = torch.arange(num_keys)[None, :]
+    mask = keys <= positions
+    if sliding_window is not None:
+        mask &= positions - keys < sliding_window
+    return None if bool(mask.all()) else mask
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_past: int = 0,
+                     sliding_window: int | None = None) -> torch.Tensor:
     """Softmax attention of ``T`` new queries over ``num_past + T`` keys, causally, in float32 (torch's SDPA).
 
     ``q [T, heads, head_dim]``, ``k, v [num_past + T, kv_heads, head_dim]``; query ``i`` (at position
-    ``num_past + i``) sees keys ``0 .. num_past + i``.  GQA: query head h reads KV head ``h // group``.
+    ``num_past + i``) sees keys ``0 .. num_past + i``, only the last ``sliding_window`` of them if one is given.
+    GQA: query head h reads KV head ``h // group``.
     """
     num_new = q.shape[0]
-    mask = None  # no past: plain causal; one query: it sees every key
-    if num_past and num_new > 1:
-        mask = torch.arange(num_past + num_new)[None, :] <= num_past + torch.arange(num_new)[:, None]
+    plain_causal = sliding_window is None and not num_past and num_new > 1  # SDPA builds this mask itself
+    mask = None if plain_causal else attention_mask(num_new, k.shape[0], sliding_window)
     out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
-                                         v.float().transpose(0, 1), attn_mask=mask,
-                                         is_causal=not num_past and num_new > 1, enable_gqa=True)
+                                         v.float().transpose(0, 1), attn_mask=mask, is_causal=plain_causal,
+                                         enable_gqa=True)
     return out.transpose(0, 1).to(q.dtype)
 
 
@@ -171,11 +249,13 @@ class ContiguousKVCache:
         twin.keys, twin.values = dict(self.keys), dict(self.values)  # tensors are never written in place
         return twin
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               sliding_window: int | None = None) -> torch.Tensor:
+        """Keep every token (a sliding layer too: this reference never frees), then mask to the window."""
         num_past = self.keys[layer].shape[0] if layer in self.keys else 0
         self.keys[layer] = torch.cat([self.keys[layer], k]) if num_past else k
         self.values[layer] = torch.cat([self.values[layer], v]) if num_past else v
-        return causal_attention(q, self.keys[layer], self.values[layer], num_past)
+        return causal_attention(q, self.keys[layer], self.values[layer], num_past, sliding_window)
 
 
 # -------------------------------------------------------------------- layers
@@ -205,6 +285,29 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.flatten(-2))
 
 
+class LlamaSlidingWindowAttention(LlamaAttention):
+    """A ``"sliding_attention"`` layer: the same weights and projections, but each query sees only the last
+    ``sliding_window`` positions (Hugging Face: ``MinistralAttention`` with its ``sliding_window`` set; vLLM:
+    ``Attention(..., per_layer_sliding_window=...)``). The KV store is told the window; so is the mask."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.sliding_window = config.layer_window(layer_idx)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv=None) -> torch.Tensor:
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if kv is None:
+            mask = attention_mask(q.shape[-3], q.shape[-3], self.sliding_window)
+            out = F.scaled_dot_product_attention(q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3),
+                                                 attn_mask=mask, enable_gqa=True).transpose(-2, -3)
+        else:
+            out = kv.attend(self.layer_idx, q, k, v, sliding_window=self.sliding_window)
+        return self.o_proj(out.flatten(-2))
+
+
 class LlamaMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -223,7 +326,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx)
+        sliding = config.layer_window(layer_idx) is not None
+        self.self_attn = (LlamaSlidingWindowAttention if sliding else LlamaAttention)(config, layer_idx)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -41,6 +41,9 @@ class ManagerState:
     watermark_blocks: int = 0
     prefix_caching: bool = False
     prefix_stats: dict | None = None  # hits, misses, evictions, hit_rate
+    group_tables: dict = field(default_factory=dict)  # hybrid v1: seq_id -> one table per KV cache group
+    group_names: tuple = ()  # hybrid v1: each group's name ("full", "sliding 1024")
+    null_block: int | None = None  # hybrid v1: the reserved block standing for skipped ones
 
     def device_blocks(self, device: str = "gpu") -> list[BlockState]:
         return [b for b in self.blocks if b.device == device]
@@ -50,7 +53,9 @@ class ManagerState:
         return [b.block_id for b in sorted(free, key=lambda b: b.free_position)]
 
     def num_used(self, device: str = "gpu") -> int:
-        return sum(1 for b in self.device_blocks(device) if not b.is_free)
+        """Blocks holding tokens (the null block is reserved, not used)."""
+        null = self.null_block if device == "gpu" else None
+        return sum(1 for b in self.device_blocks(device) if not b.is_free and b.block_id != null)
 
     @property
     def usage(self) -> float:
@@ -99,6 +104,9 @@ def render_state(state: ManagerState) -> str:
             continue
         lines.append(f"  {device.upper()} block  ref  tokens      seqs")
         for b in used:
+            if device == "gpu" and b.block_id == state.null_block:
+                lines.append(f"  {b.block_id:>9}    -  null block (stands for blocks that left a sliding window)")
+                continue
             cached = f"  hash {b.block_hash[:8]}" if b.block_hash else ""
             lines.append(f"  {b.block_id:>9}  {b.ref_count:>3}  {_fill_bar(b.num_tokens, state.block_size)}"
                          f" {b.num_tokens:>2}/{state.block_size:<2} {_seq_label(b.seq_ids)}{cached}")
@@ -111,6 +119,13 @@ def render_state(state: ManagerState) -> str:
         lines.append("  (* = still holds a cached prefix block; evicted when handed out)")
     for seq_id, table in state.tables.items():
         device = state.seq_devices[seq_id]
+        if seq_id in state.group_tables:  # hybrid v1: one table per KV cache group
+            lines.append(f"  seq {seq_name(seq_id)} on {device}: {state.seq_lens.get(seq_id, '?')} tokens")
+            width = max(len(name) for name in state.group_names)
+            for name, group_table in zip(state.group_names, state.group_tables[seq_id]):
+                shown = ", ".join("null" if b == state.null_block else str(b) for b in group_table)
+                lines.append(f"    {name:<{width}} -> [{shown}]")
+            continue
         lines.append(f"  seq {seq_name(seq_id)} on {device}: {state.seq_lens.get(seq_id, '?')} tokens -> {table}")
     if state.prefix_stats is not None:
         s = state.prefix_stats

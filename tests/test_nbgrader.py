@@ -41,6 +41,7 @@ WRONG = {
     "09": ('e1_victim = "q2"', 'e1_victim = "q4"'),  # the oldest instead of the newest
     "10": ("e2_peak_blocks = 6", "e2_peak_blocks = 7"),  # the last sampled token's K/V is never written
     "11": ("e1_steps = 5", "e1_steps = 4"),  # forgot that the decodes take their tokens first
+    "12": ("e1 = (248, 65)", "e1 = (249, 64)"),  # nulled the block that holds the window's first position
 }
 
 

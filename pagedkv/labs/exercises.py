@@ -394,6 +394,48 @@ def _tokens_run_on_a_full_hit():
     v0.allocate("again", range(32))
     return out.num_scheduled_tokens["again"], 32 - min(v0.num_cached_tokens("again"), 31)
 
+
+# ------------------------------------------------------------ 12 hybrid KV caches
+def _sliding_group_at_5000():
+    """A 1,024-token window, block 16: a request with 5,000 computed tokens gets a slot for its next token.
+    (null entries, real blocks) in its sliding group's table."""
+    from ..v1 import KVCacheManager
+    from ..v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+    from ..v1.scheduler import Request
+
+    specs = [SlidingWindowSpec(16, 8, 128, sliding_window=1024), FullAttentionSpec(16, 8, 128)]
+    kv = KVCacheManager(16, 1024, False, get_kv_cache_groups(specs))
+    request = Request("r", list(range(5000)), max_tokens=2)
+    kv.allocate_slots(request, 5000)
+    request.num_computed_tokens = 5000
+    request.output_token_ids.append(7)
+    kv.allocate_slots(request, 1)
+    sliding = kv.get_block_ids("r")[0]
+    nulls = sliding.count(kv.null_block)
+    return nulls, len(sliding) - nulls
+
+
+def _agreed_hit_with_a_gap():
+    """Window 8, block 4, a 25-token prompt (6 full blocks before its last token): the full group has all 6
+    cached, the sliding group blocks 0, 1, 2 and 4. (tokens hit, null entries in the sliding group's hit)."""
+    from ..v1 import KVCacheManager
+    from ..v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+    from ..v1.scheduler import Request
+
+    specs = [SlidingWindowSpec(4, 1, 2, sliding_window=8), FullAttentionSpec(4, 1, 2)]
+    kv = KVCacheManager(4, 32, True, get_kv_cache_groups(specs))
+    request = Request("r", list(range(25)), max_tokens=1)
+    hashes = kv._block_hashes(request, 24)
+    for group, keep in ((0, {0, 1, 2, 4}), (1, set(range(6)))):  # as if earlier requests had cached them
+        blocks = kv.block_pool.get_new_blocks(6)
+        kv.block_pool.cache_full_blocks(group, blocks, hashes, 0, 6)
+        for i in set(range(6)) - keep:
+            kv.block_pool.prefix_caches[group].evict(blocks[i])
+        kv.block_pool.free_blocks(blocks)
+    (sliding, _), num_tokens = kv.get_computed_blocks(request)
+    return num_tokens, sliding.count(kv.null_block)
+
+
 EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
                       hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
@@ -480,4 +522,14 @@ EXERCISES: dict[str, Exercise] = {
     "11.E2": Exercise("(tokens run in v1, tokens run in v0)", expected=_tokens_run_on_a_full_hit,
                       hint="v1 caps a hit at num_tokens - 1 and rounds down to whole blocks; v0 here reuses every "
                            "cached block and runs only the last token."),
+    "12.E1": Exercise("(null entries, real blocks) of the sliding group", expected=_sliding_group_at_5000,
+                      hint="the next token at position 5,000 sees positions 3,977..5,000; only blocks that end before "
+                           "the window's first position are null; the table covers every position up to 5,000.",
+                      mistakes=((lambda: (249, 64), "that nulls the block holding position 3,977, which the next token "
+                                 "still sees: only blocks wholly before the window are given back."),)),
+    "12.E2": Exercise("(hit tokens, null entries in the sliding group's hit)", expected=_agreed_hit_with_a_gap,
+                      hint="search the sliding group from the right for ceil((8 - 1) / 4) cached blocks in a row; "
+                           "the hit ends after that run, and the full group serves any shorter prefix.",
+                      mistakes=((lambda: (24, 4), "that is the full group's hit alone; the sliding group needs the 2 "
+                                 "blocks just before the hit point cached, and block 5 is not."),)),
 }

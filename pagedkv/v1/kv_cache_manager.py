@@ -3,7 +3,7 @@
 vLLM 0.33 does this in ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``: ``get_computed_blocks``,
 ``allocate_slots``, ``free``) over ``vllm/v1/core/block_pool.py`` (the free queue and the hash -> block map).
 Here it runs over this repo's own pieces: ``BlockAllocator`` (ref counts, the free queue, ``blocks.py``)
-and ``PrefixCache`` (chained block hashes, ``prefix.py``).
+and ``PrefixCache`` (chained block hashes, ``prefix.py``), gathered in ``block_pool.py``.
 
 What changed since v0's ``BlockSpaceManager``:
 
@@ -18,35 +18,78 @@ What changed since v0's ``BlockSpaceManager``:
   ``BlockPool`` does not de-duplicate, so block tables stay append-only), and the content stays cached until
   its last copy is evicted.
 * ``full_sequence_must_fit``: the scheduler admits a waiting request only if its whole sequence fits
-  (``can_fit_full_sequence``), not just its first chunk.
+  (``can_fit_full_sequence``), not just its first chunk; a sliding-window group counts at most the blocks it
+  can ever hold (``SlidingWindowSpec.max_admission_blocks_per_request``).
 * ``free`` returns blocks tail first: those with a hash join the tail of the free queue (reused last, so a
   cached prefix stays longest), those without go to the head (reused first), as ``BlockPool.free_blocks``.
+* A hybrid model's layers fall into KV cache groups (``kv_cache_interface.py``), each with its own block table per
+  request over one pool; a sliding-window group gives back the blocks that left the window while the request runs
+  (``single_type_kv_cache_manager.py``), and the groups agree on one prefix hit (``kv_cache_coordinator.py``).
+  With the default single full-attention group, everything is as it was.
 """
 
 from __future__ import annotations
 
-from ..blocks import BlockAllocator
 from ..errors import PagedKVValueError, UnknownSequenceError
-from ..prefix import PrefixCache, hash_block_tokens
+from ..prefix import hash_block_tokens
 from ..state import BlockState, ManagerState
 from ..validate import check_int
+from .kv_cache_coordinator import KVCacheCoordinator
+from .kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 
 
 class KVCacheManager:
-    """The GPU blocks of every running request, and the prefix cache (on by default, as in vLLM v1)."""
+    """The GPU blocks of every running request, and the prefix cache (on by default, as in vLLM v1).
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, enable_caching: bool = True):
+    ``kv_cache_groups``: the model's KV cache groups (``get_kv_cache_groups``); None is one full-attention group.
+    Block ids come as one list per request for a single group (as always), one list per group for several.
+    """
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, enable_caching: bool = True,
+                 kv_cache_groups: list[KVCacheGroupSpec] | None = None, max_num_batched_tokens: int | None = None):
         if not isinstance(enable_caching, bool):
             raise PagedKVValueError(f"enable_caching must be True or False, got {enable_caching!r}.")
         self.block_size = check_int("block_size", block_size, minimum=1)
-        self.allocator = BlockAllocator(check_int("num_gpu_blocks", num_gpu_blocks, minimum=1), block_size)
-        self.prefix_cache = PrefixCache(duplicates=True) if enable_caching else None
-        self.req_to_blocks: dict = {}  # request_id -> its block ids, logical order
-        self.req_to_hashes: dict = {}  # request_id -> hashes of its full blocks (grows as they fill)
+        check_int("num_gpu_blocks", num_gpu_blocks, minimum=1)
+        if kv_cache_groups is None:  # the manager needs only block_size; the page shape is the engine's business
+            kv_cache_groups = [KVCacheGroupSpec((0,), FullAttentionSpec(block_size, 1, 1))]
+        self.kv_cache_groups = _check_groups(kv_cache_groups, block_size, num_gpu_blocks)
+        # vLLM's admission cap per group (sliding groups only; needs the step's token budget)
+        self.max_admission_blocks = [
+            g.kv_cache_spec.max_admission_blocks_per_request(max_num_batched_tokens, float("inf"))
+            if g.sliding_window is not None and max_num_batched_tokens is not None else None
+            for g in self.kv_cache_groups]
+        self.coordinator = KVCacheCoordinator(self.kv_cache_groups, num_gpu_blocks, enable_caching)
+        self.block_pool = self.coordinator.block_pool
         self.num_slots: dict = {}  # request_id -> tokens its blocks have slots for
+        self.req_to_hashes: dict = {}  # request_id -> (hash, parent, tokens) of its full blocks, grown as they fill
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len(self.kv_cache_groups) > 1
+
+    @property
+    def allocator(self):
+        return self.block_pool.allocator
+
+    @property
+    def prefix_cache(self):
+        """The first group's hash -> block map (the only group's, for a uniform model); None without caching."""
+        return self.block_pool.prefix_caches[0] if self.block_pool.prefix_caches else None
+
+    @property
+    def req_to_blocks(self) -> dict:
+        """The first group's tables (the only group's, for a uniform model)."""
+        return self.coordinator.single_type_managers[0].req_to_blocks
+
+    @property
+    def null_block(self) -> int | None:
+        """The reserved block that stands for a skipped one (only when a sliding group exists)."""
+        return self.block_pool.null_block
 
     @property
     def num_gpu_blocks(self) -> int:
+        """Blocks in the pool, the null block included."""
         return self.allocator.num_blocks
 
     @property
@@ -54,124 +97,167 @@ class KVCacheManager:
         return self.allocator.num_free_blocks
 
     @property
-    def usage(self) -> float:
-        return 1 - self.num_free_blocks / self.num_gpu_blocks
+    def num_used_blocks(self) -> int:
+        """Blocks that hold some request's tokens, whatever their group (the null block is not counted)."""
+        return self.block_pool.num_gpu_blocks - self.num_free_blocks
 
-    def get_block_ids(self, request_id) -> list[int]:
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.block_pool.num_gpu_blocks
+
+    def get_block_ids(self, request_id):
+        """The request's block table: a list for a single group, one list per group (a tuple) for several."""
+        blocks = self.get_block_ids_by_group(request_id)
+        return blocks if self.is_hybrid else blocks[0]
+
+    def get_block_ids_by_group(self, request_id) -> tuple[list[int], ...]:
         try:
-            return list(self.req_to_blocks[request_id])
-        except (KeyError, TypeError):
-            raise UnknownSequenceError(f"request {request_id!r} holds no blocks; running ones: "
-                                       f"{list(self.req_to_blocks)[:8]}.") from None
+            if request_id in self.num_slots:
+                return self.coordinator.get_blocks(request_id)
+        except TypeError:
+            pass
+        raise UnknownSequenceError(f"request {request_id!r} holds no blocks; running ones: "
+                                   f"{list(self.num_slots)[:8]}.")
 
     # ---------------------------------------------------------------- prefix hits
-    def get_computed_blocks(self, request) -> tuple[list[int], int]:
-        """The longest run of the request's leading full blocks already cached, and the tokens they hold.
+    def get_computed_blocks(self, request) -> tuple[list[int] | tuple, int]:
+        """The longest cached prefix every group can serve, and the tokens it holds.
 
         At most ``num_tokens - 1`` tokens, in whole blocks (vLLM: ``max_cache_hit_length``). Reads only.
         """
-        if self.prefix_cache is None:
-            return [], 0
+        empty = tuple([] for _ in self.kv_cache_groups)
+        if self.block_pool.prefix_caches is None:
+            return self._per_group(empty), 0
+        hashes = self._block_hashes(request, request.num_tokens - 1)
+        hits, num_tokens = self.coordinator.find_longest_cache_hit(hashes, len(hashes) * self.block_size)
+        return self._per_group(hits), num_tokens
+
+    def _per_group(self, blocks: tuple):
+        return blocks if self.is_hybrid else blocks[0]
+
+    def _block_hashes(self, request, num_tokens: int) -> list[tuple]:
+        """``(hash, parent hash, tokens)`` of each full block among the first ``num_tokens`` tokens (vLLM keeps
+        them on the request, ``request.block_hashes``; here a running request's are kept and extended)."""
+        hashes = self.req_to_hashes.get(request.request_id, []) if request.request_id in self.num_slots else []
         tokens, bs = request.all_token_ids, self.block_size
-        hits, parent = [], None
-        for i in range((request.num_tokens - 1) // bs):
+        for i in range(len(hashes), num_tokens // bs):
+            parent = hashes[-1][0] if hashes else None
             block_tokens = tokens[i * bs:(i + 1) * bs]
-            block_hash = hash_block_tokens(parent, block_tokens)
-            block_id = self.prefix_cache.lookup(block_hash, parent, block_tokens)
-            if block_id is None:
-                break
-            hits.append(block_id)
-            parent = block_hash
-        return hits, len(hits) * bs
+            hashes.append((hash_block_tokens(parent, block_tokens), parent, block_tokens))
+        return hashes[:num_tokens // bs]
 
     # ---------------------------------------------------------------- slots
-    def can_fit_full_sequence(self, request, new_computed_block_ids=None) -> bool:
+    def can_fit_full_sequence(self, request, new_computed_block_ids=None, num_new_computed_tokens: int = 0) -> bool:
         """Whether the free blocks hold the request's whole sequence: all ``request.num_tokens`` (prompt, and
         outputs for a resumed request) less its prefix hit, counting the hit blocks it would revive from the
-        free queue (vLLM 0.33: ``KVCacheManager.allocate_slots(..., full_sequence_must_fit=True)``, the
-        admission gate of ``scheduler_reserve_full_isl``). Reads only."""
-        hits = list(new_computed_block_ids or [])
-        return self._num_blocks_to_allocate(request, request.num_tokens, hits) <= self.num_free_blocks
+        free queue, and for a sliding group at most what it can ever hold (vLLM 0.33:
+        ``KVCacheManager.allocate_slots(..., full_sequence_must_fit=True)``, the admission gate of
+        ``scheduler_reserve_full_isl``). Reads only."""
+        hits = self._hits_by_group(new_computed_block_ids)
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        needed = self.coordinator.get_num_blocks_to_allocate(request.request_id, request.num_tokens, hits,
+                                                             num_computed, self.max_admission_blocks)
+        return needed <= self.num_free_blocks
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_block_ids=None, full_sequence_must_fit: bool = False) -> list[int] | None:
+                       new_computed_block_ids=None, full_sequence_must_fit: bool = False):
         """Slots for ``num_new_tokens`` after the request's computed tokens (and its new cache hits).
 
-        Returns the blocks newly taken from the free queue, or None (and changes nothing) when there are
-        not enough free blocks, or, with ``full_sequence_must_fit``, when ``can_fit_full_sequence`` says no.
+        First a sliding group gives back the blocks that left the window (vLLM does this even when the call then
+        fails: they are no longer needed either way). Returns the blocks newly taken from the free queue (a list,
+        one per group for several), or None when there are not enough free blocks, or, with
+        ``full_sequence_must_fit``, when ``can_fit_full_sequence`` says no; then nothing else changed.
         """
         check_int("num_new_tokens", num_new_tokens, minimum=0)
-        hits = list(new_computed_block_ids or [])
-        if full_sequence_must_fit and not self.can_fit_full_sequence(request, hits):
+        hits = self._hits_by_group(new_computed_block_ids)
+        request_id, coordinator = request.request_id, self.coordinator
+        if full_sequence_must_fit and not self.can_fit_full_sequence(request, new_computed_block_ids,
+                                                                     num_new_computed_tokens):
             return None
-        num_slots = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        if self._num_blocks_to_allocate(request, num_slots, hits) > self.num_free_blocks:
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        coordinator.remove_skipped_blocks(request_id, num_computed)
+        needed = coordinator.get_num_blocks_to_allocate(request_id, num_computed + num_new_tokens, hits,
+                                                        num_computed)
+        if needed > self.num_free_blocks:
             return None
-        for block_id in hits:
-            self.allocator.incref(block_id)
-        if self.prefix_cache is not None and request.request_id not in self.req_to_blocks:
-            self.prefix_cache.stats.hits += len(hits)
-            self.prefix_cache.stats.misses += request.num_tokens // self.block_size - len(hits)
-        blocks = self.req_to_blocks.get(request.request_id, []) + hits
-        new = [self._allocate() for _ in range(-(-num_slots // self.block_size) - len(blocks))]
-        self.req_to_blocks[request.request_id] = blocks + new
-        self.num_slots[request.request_id] = num_slots
-        self._cache_full_blocks(request, min(num_slots, request.num_tokens))
-        return new
+        is_new = request_id not in self.num_slots
+        if is_new:
+            coordinator.allocate_new_computed_blocks(request_id, hits, num_computed)
+            if self.block_pool.prefix_caches is not None:
+                num_hits = num_new_computed_tokens // self.block_size
+                self.block_pool.stats.hits += num_hits
+                self.block_pool.stats.misses += request.num_tokens // self.block_size - num_hits
+        new = coordinator.allocate_new_blocks(request_id, num_computed + num_new_tokens)
+        self.num_slots[request_id] = num_computed + num_new_tokens
+        num_cached = min(num_computed + num_new_tokens, request.num_tokens)
+        if self.block_pool.prefix_caches is not None:
+            hashes = self.req_to_hashes[request_id] = self._block_hashes(request, num_cached)
+            coordinator.cache_blocks(request_id, hashes, num_cached)
+        return self._per_group(new)
+
+    def _hits_by_group(self, new_computed_block_ids) -> tuple:
+        if not new_computed_block_ids:
+            return tuple([] for _ in self.kv_cache_groups)
+        return tuple(new_computed_block_ids) if self.is_hybrid else (list(new_computed_block_ids),)
 
     def free(self, request) -> None:
-        """Give the request's blocks back, last block first (vLLM 0.33: ``KVCacheManager.free`` and
-        ``BlockPool.free_blocks``): blocks without a hash go to the head of the free queue, to be reused first;
-        cached ones join the tail, so a shared prefix stays cached longest."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        named = self.prefix_cache.block_to_hash if self.prefix_cache is not None else {}
-        self.allocator.free_blocks(reversed(blocks), reuse_first=lambda block_id: block_id not in named)
-        self.req_to_hashes.pop(request.request_id, None)
+        """Give the request's blocks back, group by group, last block first, so a shared prefix stays cached
+        longest."""
+        self.coordinator.free(request.request_id)
         self.num_slots.pop(request.request_id, None)
-
-    def _num_blocks_to_allocate(self, request, num_tokens: int, hits: list[int]) -> int:
-        """Free blocks that slots for ``num_tokens`` would take: new ones, and cached hits waiting in the free
-        queue (vLLM 0.33: ``get_num_blocks_to_allocate``)."""
-        held = len(self.req_to_blocks.get(request.request_id, [])) + len(hits)
-        revived = sum(1 for b in hits if self.allocator.refcount(b) == 0)
-        return max(-(-num_tokens // self.block_size) - held, 0) + revived
-
-    def _allocate(self) -> int:
-        block_id = self.allocator.allocate()
-        if self.prefix_cache is not None:  # a cached block leaving the free queue loses its name
-            self.prefix_cache.evict(block_id)
-        return block_id
-
-    def _cache_full_blocks(self, request, num_tokens: int) -> None:
-        """Name every block that will be full once ``num_tokens`` are computed (vLLM: ``cache_blocks``)."""
-        if self.prefix_cache is None:
-            return
-        hashes, bs = self.req_to_hashes.setdefault(request.request_id, []), self.block_size
-        tokens, blocks = request.all_token_ids, self.req_to_blocks[request.request_id]
-        for i in range(len(hashes), num_tokens // bs):
-            parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs]))
-            self.prefix_cache.insert(blocks[i], hashes[-1], parent, tokens[i * bs:(i + 1) * bs])
+        self.req_to_hashes.pop(request.request_id, None)
 
     # ---------------------------------------------------------------- drawing
     def snapshot(self) -> ManagerState:
-        """The same plain data as ``BlockSpaceManager.snapshot()``, so every drawing works on v1 too."""
+        """The same plain data as ``BlockSpaceManager.snapshot()``, so every drawing works on v1 too; a hybrid
+        manager adds every group's tables (``group_tables``) and the null block."""
         users, filled = {}, {}
-        for request_id, blocks in self.req_to_blocks.items():
-            for i, block_id in enumerate(blocks):
-                users.setdefault(block_id, []).append(request_id)
-                filled[block_id] = min(self.block_size, self.num_slots[request_id] - i * self.block_size)
-        named = self.prefix_cache.block_to_hash if self.prefix_cache else {}
+        group_tables = {r: self.coordinator.get_blocks(r) for r in self.num_slots}
+        for request_id, tables in group_tables.items():
+            for table in tables:
+                for i, block_id in enumerate(table):
+                    if block_id == self.null_block:
+                        continue
+                    users.setdefault(block_id, []).append(request_id)
+                    filled[block_id] = min(self.block_size, self.num_slots[request_id] - i * self.block_size)
         free_pos = {b: i for i, b in enumerate(self.allocator.free_block_ids())}
-        blocks = tuple(BlockState(b, "gpu", self.allocator.refcount(b), tuple(users.get(b, ())),
-                                  filled.get(b, self.block_size if b in named else 0), named.get(b), free_pos.get(b))
-                       for b in range(self.num_gpu_blocks))
-        return ManagerState(block_size=self.block_size, blocks=blocks,
-                            tables={r: list(b) for r, b in self.req_to_blocks.items()},
-                            seq_devices={r: "gpu" for r in self.req_to_blocks}, seq_lens=dict(self.num_slots),
-                            num_gpu_blocks=self.num_gpu_blocks, prefix_caching=self.prefix_cache is not None,
-                            prefix_stats=self.prefix_cache.stats.as_dict() if self.prefix_cache else None)
+        caching = self.block_pool.prefix_caches is not None
+        blocks = []
+        for b in range(self.num_gpu_blocks):
+            block_hash = self.block_pool.block_hash(b)
+            blocks.append(BlockState(b, "gpu", self.allocator.refcount(b), tuple(users.get(b, ())),
+                                     filled.get(b, self.block_size if block_hash else 0), block_hash,
+                                     free_pos.get(b)))
+        return ManagerState(block_size=self.block_size, blocks=tuple(blocks),
+                            tables={r: list(t[0]) for r, t in group_tables.items()},
+                            seq_devices={r: "gpu" for r in group_tables}, seq_lens=dict(self.num_slots),
+                            num_gpu_blocks=self.num_gpu_blocks, prefix_caching=caching,
+                            prefix_stats=self.block_pool.stats.as_dict() if caching else None,
+                            group_tables={r: tuple(list(t) for t in tables) for r, tables in group_tables.items()}
+                            if self.is_hybrid else {},
+                            group_names=tuple(g.name for g in self.kv_cache_groups) if self.is_hybrid else (),
+                            null_block=self.null_block)
 
     def __repr__(self) -> str:
+        groups = f", groups={[g.name for g in self.kv_cache_groups]}" if self.is_hybrid else ""
         return (f"KVCacheManager(block_size={self.block_size}, num_gpu_blocks={self.num_gpu_blocks}, "
-                f"free={self.num_free_blocks}, caching={self.prefix_cache is not None})")
+                f"free={self.num_free_blocks}, caching={self.block_pool.prefix_caches is not None}{groups})")
+
+
+def _check_groups(kv_cache_groups, block_size: int, num_gpu_blocks: int) -> list[KVCacheGroupSpec]:
+    groups = list(kv_cache_groups) if hasattr(kv_cache_groups, "__iter__") else None
+    if not groups or not all(isinstance(g, KVCacheGroupSpec) for g in groups):
+        raise PagedKVValueError(f"kv_cache_groups must be a non-empty list of KVCacheGroupSpec (from "
+                                f"get_kv_cache_groups), got {kv_cache_groups!r}.")
+    layers = sorted(layer for g in groups for layer in g.layer_names)
+    if layers != list(range(len(layers))):
+        raise PagedKVValueError(f"kv_cache_groups hold layers {layers}: the groups must cover layers 0..n-1, each "
+                                "exactly once (get_kv_cache_groups builds them from one spec per layer).")
+    sizes = {g.kv_cache_spec.block_size for g in groups}
+    if sizes != {block_size}:
+        raise PagedKVValueError(f"kv_cache_groups have block sizes {sorted(sizes)} but block_size is {block_size}: "
+                                "build the specs with the manager's block_size.")
+    if any(g.sliding_window is not None for g in groups) and num_gpu_blocks < 2:
+        raise PagedKVValueError(f"num_gpu_blocks={num_gpu_blocks}: a sliding-window group reserves one block as "
+                                "the null block, so the pool needs at least 2.")
+    return groups

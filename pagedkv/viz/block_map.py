@@ -5,7 +5,10 @@ A cell is coloured by the sequence that owns it, striped when several share
 it (with the ref count printed), filled from the bottom as far as its tokens
 go; a free cell shows its place in the free queue (``#0`` is handed out next)
 and, with prefix caching, the start of its hash.  Bottom: each sequence's
-logical block table, entry ``i`` showing the physical block it maps to.
+logical block table, entry ``i`` showing the physical block it maps to; a
+hybrid v1 snapshot has one table per KV cache group (``seq r · sliding 8``),
+and the null block, which stands for blocks that left a sliding window, is
+drawn dark and marked ``null`` in the pool and in the tables.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#C
            "#332288", "#88CCEE", "#117733", "#DDCC77", "#CC6677", "#AA4499", "#77AADD", "#EE8866", "#BBCC33",
            "#FFAABB"]
 FREE, CACHED, EDGE, HIGHLIGHT, SOURCE = "#F4F4F4", "#C9C9C9", "#555555", "#CC0000", "#7B3294"
+NULL = "#3A3A3A"  # the null block: a placeholder, never holds tokens
 
 
 def seq_colors(state: ManagerState, keep: dict | None = None) -> dict:
@@ -89,8 +93,9 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     labels = labels if labels is not None else len(state.blocks) <= 128
     cols = {d: columns or _grid_columns(len(state.device_blocks(d))) for d in pools}
     rows = {d: math.ceil(len(state.device_blocks(d)) / cols[d]) for d in pools}
-    table_rows = len(state.tables) if show_tables else 0
-    longest = max((len(t) for t in state.tables.values()), default=0)
+    rows_of_tables = _table_rows(state)
+    table_rows = len(rows_of_tables) if show_tables else 0
+    longest = max((len(t) for _, _, t in rows_of_tables), default=0)
     width = max(sum(cols.values()) + len(pools) - 1, (longest if labels else longest / 2 + 2) if table_rows else 0, 4)
     pitch = 1 if labels else max(1, round(width / 32))  # a wide unlabelled map: taller table rows, so names fit
     height = max(rows.values(), default=1) + (table_rows * pitch + 1.5 if table_rows else 0)
@@ -104,13 +109,14 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         ax.text(x0, -0.35, f"{device.upper()} pool ({len(blocks)} blocks)", fontsize=9, weight="bold")
         for b in blocks:
             x, y = x0 + b.block_id % cols[device], b.block_id // cols[device]
-            _cell(ax, b, x, y, state.block_size, colors, fills, labels)
+            _cell(ax, b, x, y, state.block_size, colors, fills, labels, b.block_id == state.null_block)
             ref = (device, b.block_id)
             color = HIGHLIGHT if ref in marked else SOURCE if ref in copied else EDGE
             outlines.add(x, y, CELL, CELL, color, 0.6 if color == EDGE else 2.2)
         x0 += cols[device] + 1
     if table_rows:
-        _tables(ax, state, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels, pitch)
+        _tables(ax, state, rows_of_tables, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels,
+                pitch)
     ax.add_collection(fills.collection(zorder=1))
     ax.add_collection(outlines.collection(zorder=3, filled=False))
     ax.add_collection(table_edges.collection(zorder=3, filled=False))
@@ -123,7 +129,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     if key:
         add_block_map_key(ax.figure, highlight="red outline: the blocks the title is about" if marked else None,
                           source="purple outline: a copy's source" if copied else None,
-                          cached=bool(state.prefix_caching))
+                          cached=bool(state.prefix_caching), null=state.null_block is not None)
     return ax
 
 
@@ -151,7 +157,13 @@ class _Rects:
         return rects
 
 
-def _cell(ax, b, x, y, block_size, colors, fills, labels):
+def _cell(ax, b, x, y, block_size, colors, fills, labels, is_null=False):
+    if is_null:
+        fills.add(x, y, CELL, CELL, NULL)
+        if labels:
+            ax.text(x + 0.04, y + 0.04, str(b.block_id), fontsize=8, va="top", color="white", zorder=4)
+            ax.text(x + 0.45, y + 0.55, "null", fontsize=8, ha="center", va="center", color="white", zorder=4)
+        return
     if b.is_free:
         fills.add(x, y, CELL, CELL, CACHED if b.block_hash else FREE)
     else:
@@ -175,28 +187,39 @@ def _cell(ax, b, x, y, block_size, colors, fills, labels):
         ax.text(x + 0.45, y + 0.86, b.block_hash[:4], fontsize=8, ha="center", color="#333333", zorder=4)
 
 
-def _tables(ax, state, colors, top, fills, outlines, labels, pitch=1):
-    """One row per sequence: entry i is the physical block of logical block i ('c': a CPU block)."""
+def _table_rows(state) -> list[tuple]:
+    """``(seq, label, table)`` per row: one per sequence, or one per sequence and KV cache group (hybrid v1)."""
+    if not state.group_tables:
+        return [(seq, f"seq {seq_name(seq)}", table) for seq, table in state.tables.items()]
+    return [(seq, f"seq {seq_name(seq)} · {name}", table) for seq, tables in state.group_tables.items()
+            for name, table in zip(state.group_names, tables)]
+
+
+def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1):
+    """One row per sequence (and group): entry i is the physical block of logical block i ('c': a CPU block;
+    'null': the null block, for a block that left the sliding window)."""
     ax.text(0, top - 0.35, "block tables", fontsize=9, weight="bold")
-    for r, (seq, table) in enumerate(state.tables.items()):
+    for r, (seq, label, table) in enumerate(rows):
         y = top + r * pitch
         on_cpu = state.seq_devices[seq] == "cpu"
         count = "" if labels else f" ({len(table)})"  # large maps: no ids, so say how many entries
-        ax.text(-0.1, y + 0.5 * pitch, f"seq {seq_name(seq)}{count}", ha="right", va="center", fontsize=9)
+        ax.text(-0.1, y + 0.5 * pitch, f"{label}{count}", ha="right", va="center", fontsize=9)
         suffix = "c" if on_cpu else ""
         color = _lighter(colors[seq], 0.5) if on_cpu else colors[seq]
         if not labels:  # large maps: a thin coloured bar per entry (text is slow to render)
-            for i in range(len(table)):
-                fills.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, color)
+            for i, block_id in enumerate(table):
+                fills.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, NULL if block_id == state.null_block else color)
             continue
         for i, block_id in enumerate(table):
-            fills.add(i, y + 0.1, CELL, 0.8, color)
+            is_null = block_id == state.null_block
+            fills.add(i, y + 0.1, CELL, 0.8, NULL if is_null else color)
             outlines.add(i, y + 0.1, CELL, 0.8, EDGE, 0.6)
-            ax.text(i + 0.45, y + 0.5, f"{block_id}{suffix}", ha="center", va="center", fontsize=8, zorder=4)
+            ax.text(i + 0.45, y + 0.5, "null" if is_null else f"{block_id}{suffix}", ha="center", va="center",
+                    fontsize=7 if is_null else 8, color="white" if is_null else "black", zorder=4)
 
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
-                      ncol: int = 2):
+                      ncol: int = 2, null: bool = False):
     """A key under the figure for every mark a block map uses (and the optional outlines given); returns it."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -213,6 +236,8 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
                blank("block table entry i: the physical block of logical block i")]
     if cached:
         handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash (bottom)")]
+    if null:
+        handles += [Patch(facecolor=NULL, edgecolor=EDGE, label="null block: stands for a block that left the window")]
     if highlight:
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:

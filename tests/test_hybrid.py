@@ -1,0 +1,387 @@
+"""Hybrid KV caches: sliding-window layers beside full-attention ones (issue #35).
+
+The model against Hugging Face's Ministral (Llama's layers with per-layer windows, code nobody here wrote).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from pagedkv import PagedKVError
+from pagedkv.model import LlamaConfig, LlamaForCausalLM, generate_dense, load_tiny
+
+transformers = pytest.importorskip("transformers")
+
+WINDOW = 8
+LAYER_TYPES = ("sliding_attention", "full_attention") * 2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny()
+
+
+@pytest.fixture(scope="module")
+def hybrid(tiny):
+    """The shipped tiny Llama with an 8-token window on layers 0 and 2."""
+    config = dataclasses.replace(tiny[0].config, sliding_window=WINDOW, layer_types=LAYER_TYPES)
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(tiny[0].state_dict())
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def ministral(hybrid):
+    hf = {k: v for k, v in hybrid.config.to_hf_dict().items() if k not in ("architectures", "model_type", "rope_theta")}
+    model = transformers.MinistralForCausalLM(transformers.MinistralConfig(**hf, attn_implementation="sdpa"))
+    model.load_state_dict(hybrid.state_dict())
+    return model.eval()
+
+
+def test_config_writes_hugging_faces_names(hybrid):
+    hf = hybrid.config.to_hf_dict()
+    assert (hf["model_type"], hf["sliding_window"], hf["layer_types"]) == ("ministral", WINDOW, list(LAYER_TYPES))
+    assert LlamaConfig.from_hf_dict(hf) == hybrid.config
+    assert [hybrid.config.layer_window(i) for i in range(4)] == [WINDOW, None, WINDOW, None]
+    plain = load_tiny()[0].config.to_hf_dict()  # today's Llama files do not change
+    assert plain["model_type"] == "llama" and "layer_types" not in plain
+
+
+def test_logits_equal_ministral(hybrid, ministral, tiny):
+    ids = torch.tensor([tiny[1].encode("The quick brown fox jumps over the lazy dog, again and again.")])
+    with torch.no_grad():
+        theirs, mine, full = ministral(ids).logits, hybrid(ids), tiny[0](ids)
+    torch.testing.assert_close(mine, theirs, atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(mine, full, atol=1e-3)  # the window changes the answer: the test can fail
+
+
+def test_greedy_tokens_equal_ministral_generate(hybrid, ministral, tiny):
+    prompt = tiny[1].encode("The list of ")
+    with torch.no_grad():
+        theirs = ministral.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)[0, len(prompt):]
+    assert generate_dense(hybrid, prompt, 30) == theirs.tolist()
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"sliding_window": 0}, "sliding_window"), ({"sliding_window": 4.0}, "sliding_window"),
+    ({"sliding_window": True}, "sliding_window"),
+    ({"layer_types": ("full_attention",) * 3}, "layer_types"),
+    ({"layer_types": ("sliding_attention", "local", "full_attention", "full_attention")}, "layer_types"),
+    ({"layer_types": "full_attention"}, "layer_types"),
+    ({"sliding_window": None, "layer_types": LAYER_TYPES}, "sliding_window"),
+])
+def test_bad_layer_settings_name_the_field(tiny, change, field):
+    with pytest.raises(PagedKVError, match=field):
+        dataclasses.replace(tiny[0].config, **{"sliding_window": WINDOW, "layer_types": LAYER_TYPES, **change})
+
+
+# ------------------------------------------------------------------ the v1 manager: groups over one pool
+from pagedkv.v1 import KVCacheManager  # noqa: E402
+from pagedkv.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+    get_kv_cache_groups,
+)
+from pagedkv.v1.scheduler import Request  # noqa: E402
+
+BS = 4
+
+
+def hybrid_manager(num_gpu_blocks=64, window=WINDOW, enable_caching=True):
+    specs = [SlidingWindowSpec(BS, 2, 32, sliding_window=window), FullAttentionSpec(BS, 2, 32)] * 2
+    return KVCacheManager(BS, num_gpu_blocks, enable_caching, get_kv_cache_groups(specs))
+
+
+def skipped_blocks(num_computed, window=WINDOW):
+    """The rule, written from the issue: blocks wholly before the next token's window."""
+    return max(0, num_computed - window + 1) // BS
+
+
+def test_groups_are_formed_as_vllm_forms_them():
+    sw, full = SlidingWindowSpec(16, 16, 128, "bfloat16", 1024), FullAttentionSpec(16, 16, 128, "bfloat16")
+    gemma = get_kv_cache_groups([full if (i + 1) % 6 == 0 else sw for i in range(62)])  # Gemma 3 27B's pattern
+    assert [g.name for g in gemma] == ["sliding 1024"] * 6 + ["full"]
+    assert {len(g.layer_names) + g.num_padding_layers for g in gemma} == {10}
+    assert sum(g.num_padding_layers for g in gemma) == 8 and gemma[0].layer_names[:2] == (0, 7)  # dealt i::6
+    oss = get_kv_cache_groups([sw, full] * 18)
+    assert [(g.name, len(g.layer_names)) for g in oss] == [("sliding 1024", 18), ("full", 18)]
+    assert get_kv_cache_groups([full] * 4) == [KVCacheGroupSpec((0, 1, 2, 3), full)]
+
+
+def test_sliding_group_gives_blocks_back_step_by_step():
+    kv = hybrid_manager()
+    request = Request("r", list(range(10)), max_tokens=30)
+    assert kv.null_block == 0 and kv.allocate_slots(request, 10) is not None
+    request.num_computed_tokens = 10
+    for step in range(30):
+        request.output_token_ids.append(100 + step)
+        free_before = set(kv.allocator.free_block_ids())
+        sliding_before, _ = kv.get_block_ids("r")
+        assert kv.allocate_slots(request, 1) is not None
+        sliding, full = kv.get_block_ids("r")
+        n = request.num_computed_tokens
+        nulls = [i for i, b in enumerate(sliding) if b == kv.null_block]
+        assert nulls == list(range(skipped_blocks(n)))  # exactly the blocks before the window are null
+        assert len(sliding) == len(full) == -(-(n + 1) // BS) and kv.null_block not in full
+        freed = [b for i, b in enumerate(sliding_before) if b != kv.null_block and sliding[i] == kv.null_block]
+        assert set(freed) <= set(kv.allocator.free_block_ids()) - free_before | set(sliding + full)
+        request.num_computed_tokens += 1
+    assert len([b for b in sliding if b != kv.null_block]) <= -(-(WINDOW - 1) // BS) + 1  # the window, not 40
+    used = {b for b in sliding + full if b != kv.null_block}
+    assert kv.num_used_blocks == len(used) and kv.snapshot().null_block == 0
+    kv.free(request)
+    assert kv.num_used_blocks == 0 and kv.num_free_blocks == 63  # the null block is never freed
+
+
+def test_a_chunk_frees_a_run_tail_first():
+    kv = hybrid_manager(enable_caching=False)
+    request = Request("r", list(range(40)), max_tokens=1)
+    kv.allocate_slots(request, 24)
+    sliding, _ = kv.get_block_ids("r")
+    request.num_computed_tokens = 24
+    queue_before = kv.allocator.free_block_ids()
+    new_sliding, new_full = kv.allocate_slots(request, 16)
+    freed = sliding[:skipped_blocks(24)]  # blocks 0..3 leave at once, before the chunk's blocks are taken
+    assert len(freed) == 4 and new_sliding == freed[::-1]  # hash-less: to the free queue's head, tail first
+    assert new_full == queue_before[:4] and kv.allocator.free_block_ids() == queue_before[4:]
+
+
+def test_allocation_counts_only_the_window():
+    kv = hybrid_manager(num_gpu_blocks=20)
+    request = Request("r", list(range(12)), max_tokens=40)
+    kv.allocate_slots(request, 12)
+    request.num_computed_tokens = 12
+    for step in range(36):  # a full-attention-only pool of 19 blocks would hold 48 tokens in two tables: 24
+        request.output_token_ids.append(step)
+        assert kv.allocate_slots(request, 1) is not None, step
+        request.num_computed_tokens += 1
+    sliding, full = kv.get_block_ids("r")
+    assert len(full) == 12 and sum(b != kv.null_block for b in sliding) <= 3
+
+
+def cached(kv, hashes, group, indices):
+    """Name blocks ``indices`` of ``group`` by the request's hashes, as if another request had cached them."""
+    blocks = kv.block_pool.get_new_blocks(len(hashes))
+    kv.block_pool.cache_full_blocks(group, blocks, hashes, 0, len(hashes))
+    for i, block in enumerate(blocks):
+        if i not in indices:
+            kv.block_pool.prefix_caches[group].evict(block)
+    kv.block_pool.free_blocks(blocks)
+    return blocks
+
+
+@pytest.mark.parametrize("window, sliding_cached, expected", [
+    (8, {3, 4}, 20),  # needs ceil(7 / 4) = 2 blocks before the hit point: blocks 3, 4 -> 5 blocks
+    (8, {0, 1, 2, 3, 4, 5}, 24),
+    (8, {1, 2, 4}, 12),  # block 3 missing: the run 1, 2 ends the hit at 3 blocks; the full group could serve 24
+    (8, {5}, 0),
+    (16, {0, 1}, 8),  # needs 4 blocks in a row, but a run from block 0 is a hit too
+    (16, {2, 3, 4, 5}, 24),
+])
+def test_hit_rules_for_both_groups(window, sliding_cached, expected):
+    specs = [SlidingWindowSpec(BS, 2, 32, sliding_window=window), FullAttentionSpec(BS, 2, 32)]
+    kv = KVCacheManager(BS, 64, True, get_kv_cache_groups(specs))
+    request = Request("r", list(range(25)), max_tokens=1)  # 6 full blocks before the last token
+    hashes = kv._block_hashes(request, 24)
+    sliding_blocks = cached(kv, hashes, 0, sliding_cached)
+    full_blocks = cached(kv, hashes, 1, set(range(6)))
+    (sliding, full), num_tokens = kv.get_computed_blocks(request)
+    assert num_tokens == expected
+    assert full == full_blocks[:expected // BS]
+    needed = -(-(window - 1) // BS)
+    tail = range(max(0, expected // BS - needed), expected // BS)
+    assert sliding == [sliding_blocks[i] if i in tail else kv.null_block for i in range(expected // BS)]
+
+
+def test_longest_hit_every_group_can_serve_matches_brute_force():
+    import random
+
+    rng = random.Random(0)
+    for trial in range(60):
+        window = rng.choice([3, 5, 8, 13])
+        specs = [SlidingWindowSpec(BS, 1, 2, sliding_window=window), FullAttentionSpec(BS, 1, 2)]
+        kv = KVCacheManager(BS, 64, True, get_kv_cache_groups(specs))
+        request = Request(trial, list(range(rng.randint(2, 40))), max_tokens=1)
+        hashes = kv._block_hashes(request, request.num_tokens - 1)
+        in_sliding = {i for i in range(len(hashes)) if rng.random() < 0.7}
+        in_full = set(range(rng.randint(0, len(hashes))))
+        cached(kv, hashes, 0, in_sliding)
+        cached(kv, hashes, 1, in_full)
+        needed = -(-(window - 1) // BS)
+
+        # n blocks are a hit if the full group has them all and the sliding group its last `needed`
+        best = max(n for n in range(len(hashes) + 1)
+                   if set(range(n)) <= in_full and set(range(max(0, n - needed), n)) <= in_sliding)
+        assert kv.get_computed_blocks(request)[1] == best * BS, (trial, window, in_sliding, in_full)
+
+
+def test_one_full_group_reserves_no_null_block():
+    kv = KVCacheManager(BS, 8)
+    assert kv.null_block is None and kv.num_free_blocks == 8 and not kv.is_hybrid
+    kv = KVCacheManager(BS, 8, True, get_kv_cache_groups([SlidingWindowSpec(BS, 1, 2, sliding_window=5)] * 2))
+    assert kv.null_block == 0 and kv.num_free_blocks == 7 and not kv.is_hybrid  # one sliding group: a null block
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: SlidingWindowSpec(BS, 2, 32, sliding_window=0), "sliding_window"),
+    (lambda: SlidingWindowSpec(BS, 2, 32, sliding_window=2.5), "sliding_window"),
+    (lambda: FullAttentionSpec(0, 2, 32), "block_size"),
+    (lambda: get_kv_cache_groups([]), "layer_specs"),
+    (lambda: get_kv_cache_groups([FullAttentionSpec(BS, 2, 32), "full"]), r"layer_specs\[1\]"),
+    (lambda: get_kv_cache_groups([FullAttentionSpec(BS, 2, 32), FullAttentionSpec(BS, 4, 32)]), "page size"),
+    (lambda: KVCacheManager(8, 16, True, get_kv_cache_groups([FullAttentionSpec(BS, 2, 32)])), "block_size"),
+    (lambda: KVCacheManager(BS, 16, True, []), "kv_cache_groups"),
+    (lambda: KVCacheManager(BS, 16, True, [KVCacheGroupSpec((0, 2), FullAttentionSpec(BS, 2, 32))]), "cover"),
+    (lambda: KVCacheManager(BS, 1, True, get_kv_cache_groups([SlidingWindowSpec(BS, 1, 2, sliding_window=3)])),
+     "num_gpu_blocks"),
+])
+def test_bad_specs_and_groups_name_the_field(call, field):
+    with pytest.raises(PagedKVError, match=field):
+        call()
+
+
+# ------------------------------------------------------------------ the engine: paged == dense
+from pagedkv.engine import LLMEngine  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def three_to_one(tiny):
+    """Three sliding layers to one full one (Gemma's kind of pattern): four KV cache groups of one layer."""
+    config = dataclasses.replace(tiny[0].config, sliding_window=6,
+                                 layer_types=("sliding_attention",) * 3 + ("full_attention",))
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(tiny[0].state_dict())
+    return model.eval()
+
+
+PROMPTS = ["The list of ", "The list of items in a dict", "A function that returns the", "The list of items in"]
+
+
+@pytest.mark.parametrize("case, settings", [
+    ("roomy", dict(num_gpu_blocks=64)),
+    ("tight", dict(num_gpu_blocks=18)),
+    ("chunked", dict(num_gpu_blocks=64, max_num_batched_tokens=8, long_prefill_token_threshold=5)),
+    ("no prefix caching", dict(num_gpu_blocks=18, enable_prefix_caching=False)),
+])
+def test_paged_engine_equals_dense_reference(hybrid, tiny, case, settings):
+    prompts = [tiny[1].encode(p) for p in PROMPTS]
+    engine = LLMEngine(hybrid, block_size=BS, version="v1", **settings)
+    assert engine.generate(prompts, 10) == [generate_dense(hybrid, p, 10) for p in prompts]
+    if case == "tight":
+        assert engine.stats.num_preemptions > 0
+    if settings.get("enable_prefix_caching", True):
+        assert engine.stats.num_prefix_cached_tokens > 0  # the shared "The list of " prefix hit both groups
+
+
+def test_four_groups_and_the_paper_engine_equal_dense_too(three_to_one, tiny):
+    prompts = [tiny[1].encode(p) for p in PROMPTS]
+    expected = [generate_dense(three_to_one, p, 12) for p in prompts]
+    engine = LLMEngine(three_to_one, num_gpu_blocks=40, block_size=BS, version="v1")
+    assert len(engine.kv_cache_groups) == 4 and engine.generate(prompts, 12) == expected
+    assert LLMEngine(three_to_one, num_gpu_blocks=40, block_size=BS).generate(prompts, 12) == expected  # v0: masks
+
+
+def test_peak_counts_pool_blocks_of_every_group(hybrid, tiny):
+    engine = LLMEngine(hybrid, num_gpu_blocks=40, block_size=BS, version="v1")
+    for i, text in enumerate(PROMPTS[:2]):
+        engine.add_request(i, tiny[1].encode(text), 20)
+    peak = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        state = engine.snapshot()
+        held = {b for tables in state.group_tables.values() for t in tables for b in t} - {state.null_block}
+        assert state.num_used("gpu") == len(held)  # the null block is reserved, not used
+        peak = max(peak, len(held))
+    assert engine.stats.peak_gpu_blocks >= peak > 0
+
+
+# ------------------------------------------------------------------ sizing
+from pagedkv import HYBRID_MODELS, MODELS, ModelSpec, cache_block_bytes, num_gpu_blocks  # noqa: E402
+from pagedkv.sizing import request_kv_blocks  # noqa: E402
+
+
+def test_presets_have_the_published_shapes():
+    gemma, oss, mistral = (HYBRID_MODELS[k] for k in ("gemma-3-27b", "gpt-oss-120b", "mistral-7b-v0.1"))
+    assert (gemma.num_layers, gemma.num_sliding_layers, gemma.num_kv_heads, gemma.head_size,
+            gemma.sliding_window) == (62, 52, 16, 128, 1024)
+    assert gemma.layer_types[5] == "full_attention" and gemma.layer_types[:5] == ("sliding_attention",) * 5
+    assert (oss.num_layers, oss.num_sliding_layers, oss.num_kv_heads, oss.head_size, oss.sliding_window) == \
+        (36, 18, 8, 64, 128) and oss.layer_types[:2] == ("sliding_attention", "full_attention")
+    assert mistral.num_sliding_layers == 32 and mistral.kv_bytes_per_token == MODELS["mistral-7b"].kv_bytes_per_token
+    assert "mistral-7b" in MODELS and repr(MODELS["opt-13b"]).endswith("num_params=12853000000)")  # as before
+
+
+def test_bytes_per_token_at_a_context_length():
+    gemma = HYBRID_MODELS["gemma-3-27b"]
+    per_layer = 2 * 16 * 128 * 2
+    assert gemma.kv_bytes_per_token_at(1024) == gemma.kv_bytes_per_token == 62 * per_layer  # inside the window
+    assert gemma.request_kv_bytes(131072) == (10 * 131072 + 52 * 1024) * per_layer
+    all_global = ModelSpec("all-global", 62, 32, 16, 128, dtype="bfloat16")
+    ratio = all_global.request_kv_bytes(131072) / gemma.request_kv_bytes(131072)
+    assert 5.9 < ratio < 6.0  # "about 6x more 128k-token requests"
+    assert MODELS["llama-3-8b"].kv_bytes_per_token_at(5000) == MODELS["llama-3-8b"].kv_bytes_per_token
+
+
+def test_hybrid_blocks_follow_vllms_page_rule():
+    gemma = HYBRID_MODELS["gemma-3-27b"]
+    assert gemma.kv_cache_group_size == 10 and cache_block_bytes(gemma, 16) == 16 * 10 * 2 * 16 * 128 * 2
+    assert cache_block_bytes(MODELS["opt-13b"], 16) == 16 * 819_200  # a uniform model: one group, as before
+    assert num_gpu_blocks(gemma, 16, 80 * 2**30, 60 * 2**30, 0.9) == int((72 * 2**30 - 60 * 2**30) // 1310720)
+    assert request_kv_blocks(gemma, 16, 131072) == 8192 + 6 * (8192 - (131072 - 1023) // 16)
+    assert request_kv_blocks(MODELS["llama-3-8b"], 16, 100) == 7
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(sliding_window=0), "sliding_window"), (dict(sliding_window=1.5), "sliding_window"),
+    (dict(sliding_window=8, layer_types=("full_attention",)), "layer_types"),
+    (dict(sliding_window=8, layer_types=("global", "full_attention")), "layer_types"),
+    (dict(layer_types=("sliding_attention", "full_attention")), "sliding_window"),
+])
+def test_bad_hybrid_specs_name_the_field(kwargs, field):
+    with pytest.raises(PagedKVError, match=field):
+        ModelSpec("m", 2, 4, 2, 8, **kwargs)
+
+
+def test_admission_counts_a_sliding_group_only_up_to_its_window(hybrid, tiny):
+    """vLLM's admission gate caps a sliding group at the window plus one step's chunk (+1 block): a 40-token prompt
+    whose two full tables would need 20 blocks runs, chunked, in a pool of 19 usable blocks."""
+    prompt = (tiny[1].encode("The list of items in a dict is ordered by ") * 2)[:40]
+    kv = KVCacheManager(BS, 20, True, hybrid_manager().kv_cache_groups, max_num_batched_tokens=8)
+    assert kv.max_admission_blocks == [-(-(WINDOW - 1 + 8) // BS) + 1, None]
+    assert kv.can_fit_full_sequence(Request("r", prompt, 4))
+    uncapped = KVCacheManager(BS, 20, True, hybrid_manager().kv_cache_groups)
+    assert not uncapped.can_fit_full_sequence(Request("r", prompt, 4))
+    engine = LLMEngine(hybrid, num_gpu_blocks=20, block_size=BS, version="v1", max_num_batched_tokens=8)
+    assert engine.generate([prompt], 4) == [generate_dense(hybrid, prompt, 4)]
+    assert engine.stats.num_ignored == 0 and engine.stats.peak_gpu_blocks <= 19
+
+
+# ------------------------------------------------------------------ drawing
+def test_block_map_and_text_map_show_every_groups_table_and_the_null_block():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pagedkv.viz import draw_block_map
+
+    kv = hybrid_manager(24)
+    request = Request("A", list(range(14)), max_tokens=8)
+    kv.allocate_slots(request, 14)
+    request.num_computed_tokens = 14
+    for token in range(6):
+        request.output_token_ids.append(token)
+        kv.allocate_slots(request, 1)
+        request.num_computed_tokens += 1
+    state = kv.snapshot()
+    sliding, full = state.group_tables["A"]
+    assert sliding[:3] == [0, 0, 0] and 0 not in full and state.num_used() == 2 + len(full)
+    ax = draw_block_map(state, key=True)
+    texts = [t.get_text() for t in ax.texts]
+    assert "seq A · sliding 8" in texts and "seq A · full" in texts
+    assert texts.count("null") == 1 + 3  # the pool's block 0 and three table entries
+    legend = [t.get_text() for t in ax.figure.legends[0].get_texts()]
+    assert any(label.startswith("null block") for label in legend)
+    text_map = str(state)
+    assert "sliding 8 -> [null, null, null, " in text_map and "null block (stands for" in text_map
+    matplotlib.pyplot.close(ax.figure)
