@@ -113,6 +113,8 @@ CALLS = [
      dict(target=None, block_size=4, num_gpu_blocks=8, num_cpu_blocks=2, beam_width=2, seed=0)),
     ("SchedulerVisualizer", None, lambda _, **a: SchedulerVisualizer(**a),
      dict(num_gpu_blocks=8, block_size=4)),
+    ("SchedulerVisualizer hybrid", None, lambda _, **a: SchedulerVisualizer(**a),
+     dict(version="v1", sliding_window=8, num_gpu_blocks=8, block_size=4)),
 ]
 
 

@@ -125,3 +125,47 @@ def test_the_key_stays_clear_of_the_timelines_step_labels():
     key = fig.legends[0].get_window_extent(renderer)
     timeline = fig.axes[1].get_tightbbox(renderer)  # its tick labels, "step" and its own key included
     assert key.y1 <= timeline.y0 + 1e-6
+
+
+def test_a_hybrid_model_shows_each_requests_table_per_group_and_the_null_block():
+    """Issue #35: v1 with a sliding window keeps two tables per request over one pool; the window's old blocks
+    become the null block, and the group dropdown picks whose tables the map and the text map show."""
+    viz = SchedulerVisualizer(version="v1", sliding_window=8, num_gpu_blocks=16, block_size=4, num_requests=0,
+                              max_num_batched_tokens=8)
+    assert viz.group_names == ("sliding 8", "full") and viz.group_select.layout.display == ""
+    viz.add_request(10, 12)
+    viz.step(5)  # 13 tokens computed: the last one sees positions 5..12, so block 0 left the window
+    null = viz.manager.null_block
+    sliding, full = viz.manager.get_block_ids("r0")
+    assert sliding[0] == null and null not in sliding[1:] and null not in full and len(full) == 4
+    text = viz.map_text()
+    assert f"sliding 8 -> [null, {', '.join(map(str, sliding[1:]))}]" in text
+    assert f"full      -> {full}" in text and "null block" in text
+    labels = [t.get_text() for t in viz.figure().axes[0].texts]
+    assert {"seq r0 · sliding 8", "seq r0 · full", "null"} <= set(labels)
+
+    viz.group_select.value = "full"  # the dropdown calls show_group
+    assert viz.group == "full" and f"full -> {full}" in viz.map_text() and "sliding 8 ->" not in viz.map_text()
+    labels = [t.get_text() for t in viz.figure().axes[0].texts]
+    assert "seq r0 · full" in labels and "seq r0 · sliding 8" not in labels
+    assert viz.show_group("sliding 8") and viz.group_select.value == "sliding 8"
+    assert "sliding 8 -> [null," in viz.map_text() and "full ->" not in viz.map_text()
+    assert viz.show_group("sliding 4") is False and viz.group == "sliding 8" and "not a KV cache group" in viz.message
+    viz.step(20)
+    assert len(viz.scheduler.finished) == 1 and viz.manager.num_free_blocks == 15  # all back but the null block
+    assert viz.show_group(None) and viz.group_select.value == "every group"
+
+
+def test_the_hybrid_mode_comes_from_the_controls_and_needs_v1():
+    viz = SchedulerVisualizer(num_gpu_blocks=16, num_requests=2)
+    assert viz.group_names == () and viz.group_select.layout.display == "none" and "null" not in viz.map_text()
+    viz.mode.value = "v1 hybrid"
+    viz.buttons["reset"].click()
+    assert viz.settings["sliding_window"] == 8 and viz.group_names == ("sliding 8", "full")
+    viz.show_group("full")
+    viz.mode.value = "v1"
+    viz.buttons["reset"].click()
+    assert viz.group is None and viz.group_names == () and viz.group_select.layout.display == "none"
+    before = viz.settings
+    assert viz.reset(version="v0", sliding_window=8) is False and "needs version='v1'" in viz.message
+    assert viz.reset(sliding_window=0) is False and viz.settings == before

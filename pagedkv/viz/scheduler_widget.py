@@ -2,7 +2,10 @@
 
 ``version="v0"`` steps the paper's scheduler (prefills and decodes, swap or recompute); ``version="v1"`` steps
 vLLM today's (``pagedkv.v1``: one token budget, prompts chunked, recompute only), whose chunks the timeline
-draws as half-height prefill bars.
+draws as half-height prefill bars. ``sliding_window=8`` (v1 only) makes the stand-in model hybrid, half its layers
+full attention and half sliding: each request then holds one block table per KV cache group over one pool, and
+the sliding group's table points at the null block for blocks that left the window. ``show_group`` picks the
+group whose tables the map and the text map show (None: every group, one table under the other).
 
 Plain methods first (``step``, ``add_request``, ``reset``, ``status_text``), so
 tests drive it without a browser; the buttons only call them.  Requests are
@@ -12,6 +15,7 @@ the scheduler never looks at what a token means, only at how many there are.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import random
 
@@ -21,12 +25,16 @@ import matplotlib.pyplot as plt
 from ..errors import PagedKVError, PagedKVValueError
 from ..manager import BlockSpaceManager
 from ..scheduler import Scheduler
-from ..v1 import KVCacheManager
+from ..state import render_state
+from ..v1 import FullAttentionSpec, KVCacheManager, SlidingWindowSpec, get_kv_cache_groups
 from ..v1 import Scheduler as V1Scheduler
 from ..validate import check_choice, check_int
 from .block_map import draw_block_map, key_below
 from .timeline import Timeline, draw_timeline
 from .widget_output import show_figure
+
+EVERY_GROUP = "every group"  # the group dropdown's first choice: every group's tables, one under the other
+HYBRID_WINDOW = 8  # the "v1 hybrid" mode's window: two blocks of 4 tokens, so the window slides within a few steps
 
 
 def stand_in_model(token_ids: list[int]) -> int:
@@ -39,13 +47,15 @@ class SchedulerVisualizer:
 
     def __init__(self, *, num_gpu_blocks: int = 12, block_size: int = 4, num_cpu_blocks: int = 8,
                  preemption_mode: str = "recompute", watermark: float = 0.0, num_requests: int = 5,
-                 max_num_seqs: int = 8, seed: int = 0, version: str = "v0", max_num_batched_tokens: int = 16):
-        """``max_num_batched_tokens`` is v1's budget (small, so chunks show); v0 here admits whole prompts."""
+                 max_num_seqs: int = 8, seed: int = 0, version: str = "v0", max_num_batched_tokens: int = 16,
+                 sliding_window: int | None = None):
+        """``max_num_batched_tokens`` is v1's budget (small, so chunks show); v0 here admits whole prompts.
+        ``sliding_window``: v1 only, a hybrid model (a full and a sliding KV cache group); None: full attention."""
         self.settings = dict(num_gpu_blocks=num_gpu_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                              preemption_mode=preemption_mode, watermark=watermark, num_requests=num_requests,
                              max_num_seqs=max_num_seqs, seed=seed, version=version,
-                             max_num_batched_tokens=max_num_batched_tokens)
-        self._displayed = False
+                             max_num_batched_tokens=max_num_batched_tokens, sliding_window=sliding_window)
+        self._displayed, self.group = False, None
         if not self.reset():
             raise PagedKVValueError(self.message.removeprefix("reset failed: "))
         self._build_widgets()
@@ -67,6 +77,7 @@ class SchedulerVisualizer:
                 self.refresh()
             return False
         self.settings, self.manager, self.scheduler = new, manager, scheduler
+        self.group = self.group if self.group in self.group_names else None
         self.rng = random.Random(new["seed"])
         self.timeline, self.last, self.message, self._next_id = Timeline(), None, "", 0
         self.last_chunks: dict = {}
@@ -79,14 +90,50 @@ class SchedulerVisualizer:
     @staticmethod
     def _make(s: dict):
         if check_choice("version", s["version"], ("v0", "v1")) == "v1":
-            manager = KVCacheManager(s["block_size"], s["num_gpu_blocks"])
+            groups = None if s["sliding_window"] is None else hybrid_groups(s["block_size"], s["sliding_window"])
+            manager = KVCacheManager(s["block_size"], s["num_gpu_blocks"], kv_cache_groups=groups,
+                                     max_num_batched_tokens=s["max_num_batched_tokens"])
             return manager, V1Scheduler(manager, s["max_num_seqs"], s["max_num_batched_tokens"])
+        if s["sliding_window"] is not None:
+            raise PagedKVValueError(f"sliding_window={s['sliding_window']!r} needs version='v1': the paper's engine "
+                                    "keeps every token of every layer (set sliding_window=None for v0).")
         manager = BlockSpaceManager(s["block_size"], s["num_gpu_blocks"], s["num_cpu_blocks"], s["watermark"])
         return manager, Scheduler(manager, s["max_num_seqs"], max(64, s["max_num_seqs"]), s["preemption_mode"])
 
     @property
     def is_v1(self) -> bool:
         return self.settings["version"] == "v1"
+
+    @property
+    def group_names(self) -> tuple:
+        """The KV cache groups' names (``("sliding 8", "full")``) when the model is hybrid, else ``()``."""
+        return tuple(g.name for g in self.manager.kv_cache_groups) if self.is_v1 and self.manager.is_hybrid else ()
+
+    def show_group(self, group: str | None) -> bool:
+        """Show only ``group``'s tables (one of ``group_names``), or every group's (None); False if refused."""
+        if group is not None and group not in self.group_names:
+            self.message = (f"show group failed: {group!r} is not a KV cache group here; use None or one of "
+                            f"{list(self.group_names)} (a hybrid model: version='v1' with a sliding_window).")
+            ok = False
+        else:
+            self.group, self.message, ok = group, f"showing {group or 'every group'}'s block tables", True
+        if hasattr(self, "output"):
+            self.refresh()
+        return ok
+
+    def snapshot(self):
+        """The manager's snapshot, its tables cut down to the shown group (the pool is every group's)."""
+        state = self.manager.snapshot()
+        if self.group is None:
+            return state
+        i = self.group_names.index(self.group)
+        return dataclasses.replace(state, tables={r: t[i] for r, t in state.group_tables.items()},
+                                   group_tables={r: (t[i],) for r, t in state.group_tables.items()},
+                                   group_names=(self.group,))
+
+    def map_text(self) -> str:
+        """The text block map of what the figure shows: used blocks (the null block too), free queue, tables."""
+        return render_state(self.snapshot())
 
     def add_request(self, prompt_len: int | None = None, max_tokens: int | None = None):
         """Queue a request (random lengths unless given); returns its id, or None if it was refused."""
@@ -181,23 +228,46 @@ class SchedulerVisualizer:
                                ("reset", lambda _: self._reset_from_controls())):
             self.buttons[label] = w.Button(description=label, layout=w.Layout(width="110px"))
             self.buttons[label].on_click(handler)
-        modes = [("v0, recompute", "recompute"), ("v0, swap", "swap"), ("v1 (chunked, recompute)", "v1")]
-        self.mode = w.Dropdown(options=modes, value="v1" if self.is_v1 else self.settings["preemption_mode"],
-                               description="scheduler", layout=w.Layout(width="260px"))
+        modes = [("v0, recompute", "recompute"), ("v0, swap", "swap"), ("v1 (chunked, recompute)", "v1"),
+                 (f"v1 hybrid (full + sliding {HYBRID_WINDOW})", "v1 hybrid")]
+        mode = "v1 hybrid" if self.group_names else "v1" if self.is_v1 else self.settings["preemption_mode"]
+        self.mode = w.Dropdown(options=modes, value=mode, description="scheduler", layout=w.Layout(width="300px"))
+        self.group_select = w.Dropdown(description="tables of", layout=w.Layout(width="220px"))
+        self._syncing = False
+        self.group_select.observe(self._on_group_select, names="value")
         self.gpu_blocks = w.BoundedIntText(value=self.settings["num_gpu_blocks"], min=1, max=256,
                                            description="GPU blocks", layout=w.Layout(width="170px"))
-        self.status_html, self.message_html, self.output = w.HTML(), w.HTML(), w.Output()
-        self.widget = w.VBox([w.HBox([*self.buttons.values(), self.mode, self.gpu_blocks]),
-                              self.message_html, self.status_html, self.output])
+        self.status_html, self.message_html, self.output, self.map_html = w.HTML(), w.HTML(), w.Output(), w.HTML()
+        self.widget = w.VBox([w.HBox([*self.buttons.values(), self.mode, self.gpu_blocks]), self.group_select,
+                              self.message_html, self.status_html, w.HBox([self.output, self.map_html])])
 
     def _reset_from_controls(self) -> None:
-        v1 = self.mode.value == "v1"
+        v1 = self.mode.value.startswith("v1")
         self.reset(version="v1" if v1 else "v0", preemption_mode="recompute" if v1 else self.mode.value,
-                   num_gpu_blocks=self.gpu_blocks.value)
+                   num_gpu_blocks=self.gpu_blocks.value,
+                   sliding_window=HYBRID_WINDOW if self.mode.value == "v1 hybrid" else None)
+
+    def _on_group_select(self, change) -> None:
+        if not self._syncing:  # a user's choice, not refresh() catching the dropdown up
+            self.show_group(None if change["new"] == EVERY_GROUP else change["new"])
+
+    def _sync_group_select(self) -> None:
+        """The group dropdown: shown for a hybrid model only, its options that model's groups."""
+        self._syncing = True
+        try:
+            options = (EVERY_GROUP, *self.group_names)
+            if tuple(self.group_select.options) != options:
+                self.group_select.options = options
+            self.group_select.value = self.group or EVERY_GROUP
+        finally:
+            self._syncing = False
+        self.group_select.layout.display = "" if self.group_names else "none"
 
     def refresh(self) -> None:
+        self._sync_group_select()
         self.status_html.value = f"<pre class='pagedkv-status'>{html.escape(self.status_text())}</pre>"
         self.message_html.value = f"<span class='pagedkv-message'>{html.escape(self.message)}</span>"
+        self.map_html.value = f"<pre class='pagedkv-map'>{html.escape(self.map_text())}</pre>"
         if not self._displayed:
             return
         show_figure(self.output, self.figure())  # not `with self.output: plt.show()`: see widget_output.py
@@ -206,9 +276,10 @@ class SchedulerVisualizer:
         """The block map over the timeline, as the widget draws them: also a still picture where widgets do
         not run (on GitHub, say)."""
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), height_ratios=[3, 2])
-        draw_block_map(self.manager.snapshot(), ax=top)
+        state = self.snapshot()
+        draw_block_map(state, ax=top)
         draw_timeline(self.timeline, ax=bottom)
-        key_below(fig)  # under the timeline's step labels, not over them
+        key_below(fig, null=state.null_block is not None)  # under the timeline's step labels, not over them
         return fig
 
     def _ipython_display_(self):
@@ -217,3 +288,12 @@ class SchedulerVisualizer:
         display(self.widget)
         self._displayed = True
         self.refresh()
+
+
+def hybrid_groups(block_size: int, sliding_window: int) -> list:
+    """The KV cache groups of a stand-in model with one sliding and one full attention layer: two groups, one
+    table each, over one pool (vLLM 0.33: ``get_kv_cache_groups`` in ``vllm/v1/core/kv_cache_planning.py``).
+    One KV head of size 1: the scheduler never looks at a page's shape."""
+    window = check_int("sliding_window", sliding_window, minimum=1)
+    shape = dict(block_size=block_size, num_kv_heads=1, head_size=1)
+    return get_kv_cache_groups([SlidingWindowSpec(**shape, sliding_window=window), FullAttentionSpec(**shape)])
