@@ -322,7 +322,9 @@ def test_the_widgets_set_their_drawings_as_output_state_and_never_capture(monkey
         raise AssertionError("an Output widget captured output")
 
     monkeypatch.setattr(ipywidgets.Output, "__enter__", capture)
-    for widget in (BlockTableVisualizer(num_gpu_blocks=24, block_size=4), SchedulerVisualizer(num_requests=3)):
+    for widget in (BlockTableVisualizer(num_gpu_blocks=24, block_size=4),
+                   SchedulerVisualizer(version="v1", sliding_window=8, num_requests=3),
+                   SchedulerVisualizer(num_requests=3)):
         widget._displayed = True
         widget.refresh()
         (output,) = widget.output.outputs

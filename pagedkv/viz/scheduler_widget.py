@@ -2,12 +2,12 @@
 
 ``version="v0"`` steps the paper's scheduler (prefills and decodes, swap or recompute); ``version="v1"`` steps
 vLLM today's (``pagedkv.v1``: one token budget, prompts chunked, recompute only), whose chunks the timeline
-draws as half-height prefill bars. ``sliding_window=8`` (v1 only) makes the stand-in model hybrid, half its layers
-full attention and half sliding: each request then holds one block table per KV cache group over one pool, and
+draws as half-height prefill bars. ``sliding_window=8`` (v1 only) makes the stand-in model hybrid, one sliding and
+one full attention layer: each request then holds one block table per KV cache group over one pool, and
 the sliding group's table points at the null block for blocks that left the window. ``show_group`` picks the
 group whose tables the map and the text map show (None: every group, one table under the other).
 
-Plain methods first (``step``, ``add_request``, ``reset``, ``status_text``), so
+Plain methods first (``step``, ``add_request``, ``reset``, ``status_text``, ``show_group``, ``map_text``), so
 tests drive it without a browser; the buttons only call them.  Requests are
 served by a stand-in model (a deterministic function of the tokens so far):
 the scheduler never looks at what a token means, only at how many there are.
