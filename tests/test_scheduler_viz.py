@@ -153,6 +153,7 @@ def test_a_hybrid_model_shows_each_requests_table_per_group_and_the_null_block()
     assert viz.show_group("sliding 4") is False and viz.group == "sliding 8" and "not a KV cache group" in viz.message
     viz.step(20)
     assert len(viz.scheduler.finished) == 1 and viz.manager.num_free_blocks == 15  # all back but the null block
+    assert f"GPU blocks 1/16 used, block {null} being the null block" in viz.status_text()
     assert viz.show_group(None) and viz.group_select.value == "every group"
 
 

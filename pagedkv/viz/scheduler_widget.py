@@ -208,8 +208,9 @@ class SchedulerVisualizer:
     def status_text(self) -> str:
         if self.is_v1:
             s, kv = self.scheduler, self.manager
+            null = "" if kv.null_block is None else f", block {kv.null_block} being the null block"
             return (f"v1: running {s.running}  waiting {s.waiting}  finished {len(s.finished)}\n"
-                    f"GPU blocks {kv.num_gpu_blocks - kv.num_free_blocks}/{kv.num_gpu_blocks} used (no CPU pool: "
+                    f"GPU blocks {kv.num_gpu_blocks - kv.num_free_blocks}/{kv.num_gpu_blocks} used{null} (no CPU pool: "
                     f"v1 only recomputes); preemptions {s.num_preemptions}, tokens recomputed "
                     f"{s.num_recomputed_tokens}")
         s, m = self.scheduler, self.manager
