@@ -280,6 +280,28 @@ def _swap_crossover_block_size():
     return next(b for b in (2 ** i for i in range(12)) if 2 * cost.swap_ms(500, b) < cost.recompute_ms(500))
 
 
+def _v0_swap_queue_order():
+    """Notebook 09's swap run (section 5) with vLLM 0.6.3's queue order (``core/scheduler.py``): ``swapped`` in
+    the order requests were swapped out (``self.swapped.extend``), swapped in from its head, each appended to the
+    tail of ``running`` (``_schedule_default``). Who was swapped out, and when, comes from pagedkv's own run."""
+    from ..manager import BlockSpaceManager
+    from ..scheduler import Scheduler
+
+    manager = BlockSpaceManager(block_size=2, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
+    scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode="swap")
+    arrival = ["r0", "r1", "r2"]
+    for name in arrival:
+        scheduler.add_request(name, [7, 7], max_tokens=6)
+    swapped_out = []  # in the order they left
+    while len(swapped_out) < 2:
+        out = scheduler.schedule()
+        swapped_out += out.preempted
+        scheduler.update(out, {r: 1 for r in out.scheduled})
+    v0_running = [r for r in arrival if r not in swapped_out] + swapped_out  # swapped back in, head first
+    pagedkv_running = arrival  # sorted by arrival
+    return swapped_out[0], v0_running[-1], pagedkv_running[-1]
+
+
 # -------------------------------------------------------------- 10 tiny vLLM
 SYSTEM_PROMPT = "The text below comes from the Python documentation, about its built-in types.\n"  # notebook 10
 
@@ -413,7 +435,11 @@ EXERCISES: dict[str, Exercise] = {
                            "each freed block serving one of them."),
     "09.E2": Exercise("crossover block size", expected=_swap_crossover_block_size,
                       hint="recompute's cost does not depend on the block size; a swap pays the bytes once and a "
-                           "fixed overhead per copy, per block, layer, K and V, and it goes out and back in."),
+                           "fixed overhead per copy, per block, layer, K and V, and it goes out and back in: solve "
+                           "for the number of blocks first, then turn blocks into a block size."),
+    "09.E3": Exercise("(v0 swaps in first, v0's next victim, pagedkv's next victim)", expected=_v0_swap_queue_order,
+                      hint="v0's swapped queue is first out, first in; each request it brings back joins the tail of "
+                           "running, and the victim is whoever is at that tail. pagedkv sorts running by arrival."),
     "10.E1": Exercise("cached prompt tokens", expected=_cached_prompt_tokens,
                       hint="count the full blocks made only of the shared 45 bytes."),
     "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,

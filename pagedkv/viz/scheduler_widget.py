@@ -24,7 +24,7 @@ from ..scheduler import Scheduler
 from ..v1 import KVCacheManager
 from ..v1 import Scheduler as V1Scheduler
 from ..validate import check_choice, check_int
-from .block_map import draw_block_map
+from .block_map import add_block_map_key, draw_block_map
 from .timeline import Timeline, draw_timeline
 
 
@@ -207,10 +207,12 @@ class SchedulerVisualizer:
     def figure(self):
         """The block map over the timeline, as the widget draws them: also a still picture where widgets do
         not run (on GitHub, say)."""
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), height_ratios=[3, 2])
-        draw_block_map(self.manager.snapshot(), ax=top, key=True)
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7.5), height_ratios=[3, 2])
+        state = self.manager.snapshot()
+        draw_block_map(state, ax=top)
         draw_timeline(self.timeline, ax=bottom)
-        fig.tight_layout()
+        add_block_map_key(fig, cached=bool(state.prefix_caching))  # under both panels, over neither
+        fig.tight_layout(rect=(0, 0.16, 1, 1))
         return fig
 
     def _ipython_display_(self):
