@@ -224,12 +224,22 @@ def _kernel_lane_work(lane, block_size, num_words):
     return kernel_lane_work(lane, block_size, num_words)
 
 
-def _grids():
-    """vllm's v1 grid (a thread block per query head) and vllm-gqa's v2 grid (one per KV head and partition)."""
-    from ..kernels.cuda import PARTITION_SIZE
+def merge(m_a, s_a, o_a, m_b, s_b, o_b):
+    """Two partial softmax summaries (max logit, sum of exp(logit - max), normalised output) merged into one: the
+    v2 reduce kernel's combination, and one step of an online softmax (vLLM 0.33: ``merge_attn_states``)."""
+    import math
 
-    num_seqs, num_heads, num_kv_heads, longest = 8, 32, 8, 2000
-    return (num_heads, num_seqs), (num_kv_heads, num_seqs, -(-longest // PARTITION_SIZE))
+    m = max(m_a, m_b)
+    w_a, w_b = s_a * math.exp(m_a - m), s_b * math.exp(m_b - m)  # each part's sum, rescaled to the new max
+    return m, w_a + w_b, (w_a * o_a + w_b * o_b) / (w_a + w_b)
+
+
+def _chunk_keys_read():
+    """A 40-token sequence whose last 12 tokens are this step's chunk: key positions its rows read in all, causal,
+    then with a sliding window of 30 (the rule of ``kernel_figures.chunk_reads``)."""
+    from ..viz.kernel_figures import chunk_reads
+
+    return tuple(sum(len(r["keys"]) for r in chunk_reads([0, 12], [40], window)) for window in (None, 30))
 
 
 # -------------------------------------------------------------- 08 visualizer
@@ -336,38 +346,41 @@ def _peak_blocks_alone():
 
 
 # ------------------------------------------------------------ 11 vLLM today
-def _steps_to_first_token():
-    """v1, budget 256: 8 requests decoding, then a 1,000-token prompt arrives. Steps until its first token."""
+def _second_prompt_first_token_step():
+    """v1, budget 256: 8 requests decoding; prompt A (1,000 tokens) first scheduled in step 1, prompt B (1,000)
+    added right after step 1. The step (counting from 1) in which B samples its first token."""
     from ..v1 import KVCacheManager, Scheduler
 
     s = Scheduler(KVCacheManager(16, 512), max_num_batched_tokens=256)
     for i in range(8):
-        s.add_request(i, [1, 2, 3], 50)
-    out = s.schedule()
+        s.add_request(i, [1, 2, 3], 500)
+    out = s.schedule()  # the eight short prompts
     s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
-    s.add_request("long", list(range(1000)), 1)
-    steps = 0
-    while "long" in s.requests:
+    s.add_request("A", list(range(1000)), 1)
+    step = 0
+    while True:
+        step += 1
         out = s.schedule()
-        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
-        steps += 1
-    return steps
+        sampled = s.sampling_request_ids(out)
+        s.update_from_output(out, {r: 5 for r in sampled})
+        if step == 1:
+            s.add_request("B", list(range(1000, 2000)), 1)
+        if "B" in sampled:
+            return step
 
 
-def _tokens_run_on_a_full_hit():
-    """A 32-token prompt, block 16, fully cached: tokens the model runs on in v1, and in this course's v0."""
-    from ..manager import BlockSpaceManager
-    from ..v1 import KVCacheManager, Scheduler
+def _fan_out_on_a_capped_hit():
+    """v1, block 16, a 32-token prompt with n=3 on a fresh engine: prompt tokens computed in the first step, and
+    blocks held after it."""
+    from ..engine import LLMEngine
+    from ..sampling import SamplingParams
 
-    s = Scheduler(KVCacheManager(16, 8))
-    for name in ("first", "again"):
-        s.add_request(name, list(range(32)), 1)
-        out = s.schedule()
-        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
-    v0 = BlockSpaceManager(16, 8, watermark=0.0, enable_prefix_caching=True)
-    v0.allocate("first", range(32))
-    v0.allocate("again", range(32))
-    return out.num_scheduled_tokens["again"], 32 - min(v0.num_cached_tokens("again"), 31)
+    model, _ = _tiny()
+    engine = LLMEngine(model, version="v1", num_gpu_blocks=16, block_size=16)
+    engine.add_request("r", list(range(32)), SamplingParams(n=3, seed=0, max_tokens=2))
+    engine.step()
+    return engine.stats.num_computed_tokens, engine.snapshot().num_used()
+
 
 EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
@@ -421,9 +434,16 @@ EXERCISES: dict[str, Exercise] = {
                       hint="first find the group size, the group (lane // group size) and the rank in the group; "
                            "a group's tokens step by the number of groups in a warp, a rank's words by the group "
                            "size."),
-    "07.E2": Exercise("(vllm v1 grid, vllm-gqa v2 grid)", expected=_grids,
-                      hint="x is the query head for vllm but the KV head for vllm-gqa; y the sequence; z (v2 only) "
-                           "the partition of 512 tokens."),
+    "07.E2": Exercise("merge", solution=merge,
+                      cases=((1.0, 2.0, 0.5, 3.0, 1.0, -1.0), (0.0, 1.0, 2.0, 0.0, 3.0, 4.0),
+                             (800.0, 1.5, 0.25, 790.0, 4.0, 2.0), (-2.0, 5.0, 1.0, 2.5, 0.5, -3.0),
+                             (3.0, 2.0, 0.0, -40.0, 7.0, 10.0)),
+                      hint="bring both sums to the larger of the two maxima before adding them (exp of a difference, "
+                           "never of a logit alone); the merged output is each part's output weighted by its share "
+                           "of the merged sum."),
+    "07.E3": Exercise("(keys read, causal; keys read, window 30)", expected=_chunk_keys_read,
+                      hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "
+                           "position; a window keeps only the last W of those."),
     "08.E1": Exercise("blocks freed by free('C') then free('A'), in queue order", expected=_scenario_free_a,
                       hint="a block returns to the queue only when its ref count reaches 0, and a table is freed "
                            "from its last block; which of C's blocks does A still hold?"),
@@ -444,10 +464,11 @@ EXERCISES: dict[str, Exercise] = {
                       hint="count the full blocks made only of the shared 45 bytes."),
     "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,
                       hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
-    "11.E1": Exercise("steps to the first token", expected=_steps_to_first_token,
-                      hint="running requests go first: the eight decodes take 8 tokens of every step's budget; the "
-                           "prompt gets the rest, chunk after chunk, and samples in the step its chunk ends it."),
-    "11.E2": Exercise("(tokens run in v1, tokens run in v0)", expected=_tokens_run_on_a_full_hit,
-                      hint="v1 caps a hit at num_tokens - 1 and rounds down to whole blocks; v0 here reuses every "
-                           "cached block and runs only the last token."),
+    "11.E1": Exercise("the step in which B samples its first token", expected=_second_prompt_first_token_step,
+                      hint="running requests go first, in the order they were admitted, so A's chunks come before B "
+                           "gets anything; once A has sampled it is one more decode, one token a step."),
+    "11.E2": Exercise("(prompt tokens computed, blocks held)", expected=_fan_out_on_a_capped_hit,
+                      hint="the first child caches its full blocks as it allocates them; the others hit them, but a "
+                           "hit is capped at num_tokens - 1, rounded down to whole blocks, and what is not hit is "
+                           "computed into blocks of their own."),
 }
