@@ -243,27 +243,59 @@ def _chunk_keys_read():
 
 
 # -------------------------------------------------------------- 08 visualizer
-def _scenario_free_a():
-    """Notebook 08's seven-step scenario, then C and A freed: the GPU blocks that join the free queue, in order."""
-    from ..viz.replay import replay_all
-
-    scenario = replay_all()
-    before = scenario.manager.free_block_ids()
-    scenario.free("C")
-    scenario.free("A")
-    return scenario.manager.free_block_ids()[len(before):]
+SYSTEM_08 = list(range(100, 108))  # notebook 08's 8-token system prompt
 
 
-def _forked_table():
-    from ..viz.visualizer import BlockTableVisualizer
+def _admit(kv, request_id, prompt):
+    """Notebook 08's ``admit``: a prefix-cache lookup, then slots for the rest; None when it does not fit."""
+    from ..v1.scheduler import Request
 
-    v = BlockTableVisualizer(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0)
-    v.add_sequence(6)
-    v.add_sequence(3)
-    child = v.fork("B")
-    v.free("A")
-    v.append(child, 2)
-    return v.manager.get_block_table(child)
+    request = Request(request_id, prompt, max_tokens=8)
+    hits, num_cached = kv.get_computed_blocks(request)
+    if kv.allocate_slots(request, request.num_tokens - num_cached, num_cached, hits) is None:
+        return None, num_cached
+    return request, num_cached
+
+
+def _scenario_08(until_step: int):
+    """Notebook 08's section 3 on a fresh v1 manager, through step ``until_step``; returns (manager, requests)."""
+    from ..v1 import KVCacheManager
+
+    kv, reqs = KVCacheManager(block_size=4, num_gpu_blocks=10), {}
+    steps = [lambda: reqs.update(A=_admit(kv, "A", SYSTEM_08 + [1, 2])[0]),
+             lambda: reqs.update(B=_admit(kv, "B", SYSTEM_08 + [3, 4, 5])[0]),
+             lambda: kv.free(reqs["A"]),
+             lambda: kv.free(reqs["B"]),
+             lambda: reqs.update(C=_admit(kv, "C", SYSTEM_08 + [6, 7, 8, 9, 10])[0]),
+             lambda: reqs.update(C2=_admit(kv, "C2", SYSTEM_08 + [6, 7, 8, 9, 10])[0]),
+             lambda: (kv.free(reqs["C"]), kv.free(reqs["C2"]),
+                      reqs.update(D=_admit(kv, "D", list(range(200, 232)))[0]))]
+    for step in steps[:until_step]:
+        step()
+    return kv, reqs
+
+
+def _returning_prefix():
+    """After notebook 08's step 7, E (the system prompt and C's 5 tokens): tokens the cache finds, and whether
+    it is admitted."""
+    kv, _ = _scenario_08(7)
+    request, num_cached = _admit(kv, "E", SYSTEM_08 + [6, 7, 8, 9, 10])
+    return num_cached, request is not None
+
+
+def _fan_out_vs_fork():
+    """After notebook 08's step 5: blocks in use once C's 3 extra samples are admitted (v1), and blocks in use
+    when 4 forks of C's 13-token prompt share it after the prefill (v0)."""
+    from ..manager import BlockSpaceManager
+
+    kv, _ = _scenario_08(5)
+    for i in range(3):
+        _admit(kv, f"C{i + 2}", SYSTEM_08 + [6, 7, 8, 9, 10])
+    v0 = BlockSpaceManager(4, 10, watermark=0.0)
+    v0.allocate("C", SYSTEM_08 + [6, 7, 8, 9, 10])
+    for i in range(3):
+        v0.fork("C", f"C{i + 2}")
+    return kv.num_gpu_blocks - kv.num_free_blocks, 10 - v0.num_free_gpu_blocks
 
 
 # --------------------------------------------------------------- 09 scheduler
@@ -444,12 +476,12 @@ EXERCISES: dict[str, Exercise] = {
     "07.E3": Exercise("(keys read, causal; keys read, window 30)", expected=_chunk_keys_read,
                       hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "
                            "position; a window keeps only the last W of those."),
-    "08.E1": Exercise("blocks freed by free('C') then free('A'), in queue order", expected=_scenario_free_a,
-                      hint="a block returns to the queue only when its ref count reaches 0, and a table is freed "
-                           "from its last block; which of C's blocks does A still hold?"),
-    "08.E2": Exercise("C's table", expected=_forked_table,
-                      hint="A's blocks rejoin at the queue's tail; C's first write goes to a shared, partly filled "
-                           "block."),
+    "08.E1": Exercise("(tokens from the cache, admitted)", expected=_returning_prefix,
+                      hint="a hit needs every block before it cached too; which of C's full blocks did D's allocation "
+                           "evict? Then count the free blocks E would need beside its hits."),
+    "08.E2": Exercise("(v1 blocks in use, v0 blocks in use)", expected=_fan_out_vs_fork,
+                      hint="v1: each extra sample hits every full block and needs one private block for its partly "
+                           "filled last one; v0: a fork shares every block, the partly filled one too, until a write."),
     "09.E1": Exercise("(victim, still running)", expected=_preemption_replay,
                       hint="the most recently *arrived* running request goes first; walk the others oldest first, "
                            "each freed block serving one of them."),

@@ -196,8 +196,9 @@ def _tables(ax, state, colors, top, fills, outlines, labels, pitch=1):
 
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
-                      ncol: int = 2):
-    """A key under the figure for every mark a block map uses (and the optional outlines given)."""
+                      ncol: int = 2, sequences: dict | None = None):
+    """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
+    (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -213,6 +214,9 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
                blank("block table entry i: the physical block of logical block i")]
     if cached:
         handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash (bottom)")]
+    if sequences:
+        handles += [Patch(facecolor=color, edgecolor=EDGE, label=f"seq {seq_name(seq)}")
+                    for seq, color in sequences.items()]
     if highlight:
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:
