@@ -7,13 +7,16 @@ when the last user lets go.
 
 The free blocks wait in a doubly linked list (:class:`FreeBlockQueue`), as in
 vLLM's ``FreeKVCacheBlockQueue`` (``vllm/v1/core/kv_cache_utils.py``): blocks
-leave from the head, freed blocks join at the tail, and a block that is wanted
-again while still queued (a prefix-cache hit) can be pulled out of the middle
-in O(1).  So the queue is least-recently-freed first: an LRU order for free.
+leave from the head, freed blocks join at the tail (or, as vLLM today (0.33)
+does with blocks that hold no cached prefix, at the head), and a block that is
+wanted again while still queued (a prefix-cache hit) can be pulled out of the
+middle in O(1).  So the cached blocks wait least-recently-freed first: an LRU
+order for free.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from numbers import Integral
 
 from .errors import DoubleFreeError, NoFreeBlocksError, PagedKVValueError
@@ -38,7 +41,7 @@ class KVBlock:
 class FreeBlockQueue:
     """A doubly linked list of free blocks with sentinel ends.
 
-    ``popleft``, ``append`` and ``remove`` are all O(1): no list shifting, no search.
+    ``popleft``, ``append``, ``appendleft`` and ``remove`` are all O(1): no list shifting, no search.
     """
 
     def __init__(self, blocks: list[KVBlock]):
@@ -60,6 +63,12 @@ class FreeBlockQueue:
         self._head.next_free, block.prev_free = block, self._head
         block.next_free, first.prev_free = first, block
         self.num_free_blocks += 1
+
+    def prepend_n(self, blocks: list[KVBlock]) -> None:
+        """Put ``blocks`` at the head, keeping their order: ``blocks[0]`` is handed out next
+        (vLLM 0.33: ``FreeKVCacheBlockQueue.prepend_n``)."""
+        for block in reversed(blocks):
+            self.appendleft(block)
 
     def popleft(self) -> KVBlock:
         if self.num_free_blocks == 0:
@@ -90,10 +99,13 @@ class BlockAllocator:
     ``allocate()`` gives the block at the head of the free queue with ref count 1;
     ``incref()`` adds a user (pulling the block out of the free queue if it was
     there); ``free()`` removes a user and queues the block at the tail once
-    nobody uses it: first freed, first reused, as vLLM v1's ``vllm/v1/core/block_pool.py`` does.  vLLM v0's
-    allocators without prefix caching did the opposite, last freed first reused (``UncachedBlockAllocator`` in
-    ``vllm/core/block_manager_v1.py`` pops and pushes at the end of a list; ``NaiveBlockAllocator`` uses
-    ``popleft``/``appendleft``); with caching on, v0 kept freed named blocks in an LRU evictor instead.
+    nobody uses it: first freed, first reused, as vLLM 0.10's ``vllm/v1/core/block_pool.py`` did for every
+    block.  vLLM today (0.33) keeps that order only for blocks holding a cached prefix and puts the others at
+    the head, last freed first reused (``BlockPool.free_blocks``; here ``free_blocks(..., reuse_first)``, which
+    ``pagedkv.v1`` uses).  vLLM v0's allocators without prefix caching were last freed first reused too
+    (``UncachedBlockAllocator`` in ``vllm/core/block_manager_v1.py`` pops and pushes at the end of a list;
+    ``NaiveBlockAllocator`` uses ``popleft``/``appendleft``); with caching on, v0 kept freed named blocks in an
+    LRU evictor instead.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -126,15 +138,39 @@ class BlockAllocator:
         Returns the new count.
         """
         block = self._block(block_id)
-        if block.ref_count == 0:
-            raise DoubleFreeError(
-                f"block {block_id} is already free (ref count 0): each allocate() or incref() "
-                "is matched by exactly one free()."
-            )
+        self._check_freeable(block_id, 1)
         block.ref_count -= 1
         if block.ref_count == 0:
             (self.free_queue.appendleft if to_front else self.free_queue.append)(block)
         return block.ref_count
+
+    def free_blocks(self, ordered_block_ids, reuse_first) -> None:
+        """One user fewer for each block, given in the order they should be reused (vLLM 0.33:
+        ``BlockPool.free_blocks``). Of the blocks nobody uses any more, those for which ``reuse_first(block_id)``
+        is true go to the head of the free queue, the others to the tail, each group in the given order."""
+        ordered_block_ids = list(ordered_block_ids)
+        for block_id, count in Counter(ordered_block_ids).items():  # check all first: a failed call changes nothing
+            self._check_freeable(block_id, count)
+        first, last = [], []
+        for block_id in ordered_block_ids:
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                (first if reuse_first(block_id) else last).append(block)
+        self.free_queue.prepend_n(first)
+        for block in last:
+            self.free_queue.append(block)
+
+    def _check_freeable(self, block_id: int, count: int) -> None:
+        ref_count = self._block(block_id).ref_count
+        if ref_count == 0:
+            raise DoubleFreeError(
+                f"block {block_id} is already free (ref count 0): each allocate() or incref() "
+                "is matched by exactly one free()."
+            )
+        if ref_count < count:
+            raise DoubleFreeError(f"block {block_id} has {ref_count} users but is freed {count} times: each "
+                                  "allocate() or incref() is matched by exactly one free().")
 
     def refcount(self, block_id: int) -> int:
         return self._block(block_id).ref_count

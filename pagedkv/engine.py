@@ -113,10 +113,11 @@ class LLMEngine:
                  num_cpu_blocks: int = 0, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  preemption_mode=None, enable_prefix_caching: bool | None = None, watermark: float | None = None,
                  backend: str = "auto", block_manager: BlockSpaceManager | None = None, version: str = "v0",
-                 long_prefill_token_threshold: int = 0):
+                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
-        budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out).
+        budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
+        ``scheduler_reserve_full_isl``, on as in vLLM, a request is admitted only when its whole sequence fits).
         ``block_manager`` (v0): run on an existing manager of the same sizes (the visualizer draws the engine's
         sequences beside hand-made ones); by default the engine makes its own."""
         if not isinstance(model, LlamaForCausalLM):
@@ -136,11 +137,15 @@ class LLMEngine:
             self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks,
                                                    True if enable_prefix_caching is None else enable_prefix_caching)
             self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
-                                         long_prefill_token_threshold)
+                                         long_prefill_token_threshold, scheduler_reserve_full_isl)
         else:
             if long_prefill_token_threshold:
                 raise PagedKVValueError("long_prefill_token_threshold chunks prompts, which only the v1 scheduler "
                                         "does: pass version='v1'.")
+            if scheduler_reserve_full_isl is not True:
+                raise PagedKVValueError(f"scheduler_reserve_full_isl={scheduler_reserve_full_isl!r}: the v0 "
+                                        "scheduler always admits a whole prompt; the setting is the v1 scheduler's "
+                                        "(pass version='v1', with True or False).")
             if block_manager is None:
                 block_manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
                                                   0.01 if watermark is None else watermark,

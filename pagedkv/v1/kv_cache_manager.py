@@ -2,7 +2,7 @@
 
 vLLM 0.33 does this in ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``: ``get_computed_blocks``,
 ``allocate_slots``, ``free``) over ``vllm/v1/core/block_pool.py`` (the free queue and the hash -> block map).
-Here it runs over this repo's own pieces: ``BlockAllocator`` (ref counts, the FIFO free queue, ``blocks.py``)
+Here it runs over this repo's own pieces: ``BlockAllocator`` (ref counts, the free queue, ``blocks.py``)
 and ``PrefixCache`` (chained block hashes, ``prefix.py``).
 
 What changed since v0's ``BlockSpaceManager``:
@@ -14,6 +14,13 @@ What changed since v0's ``BlockSpaceManager``:
   shares a partly filled block, so there is no copy-on-write.
 * A prefix hit is capped at ``num_tokens - 1`` and rounded down to whole blocks: the model must run on at least
   one token to produce logits, so a fully cached prompt recomputes its whole last block.
+* A block that fills with content already cached is cached too: a hash may name several blocks (0.33's
+  ``BlockPool`` does not de-duplicate, so block tables stay append-only), and the content stays cached until
+  its last copy is evicted.
+* ``full_sequence_must_fit``: the scheduler admits a waiting request only if its whole sequence fits
+  (``can_fit_full_sequence``), not just its first chunk.
+* ``free`` returns blocks tail first: those with a hash join the tail of the free queue (reused last, so a
+  cached prefix stays longest), those without go to the head (reused first), as ``BlockPool.free_blocks``.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ class KVCacheManager:
             raise PagedKVValueError(f"enable_caching must be True or False, got {enable_caching!r}.")
         self.block_size = check_int("block_size", block_size, minimum=1)
         self.allocator = BlockAllocator(check_int("num_gpu_blocks", num_gpu_blocks, minimum=1), block_size)
-        self.prefix_cache = PrefixCache() if enable_caching else None
+        self.prefix_cache = PrefixCache(duplicates=True) if enable_caching else None
         self.req_to_blocks: dict = {}  # request_id -> its block ids, logical order
         self.req_to_hashes: dict = {}  # request_id -> hashes of its full blocks (grows as they fill)
         self.num_slots: dict = {}  # request_id -> tokens its blocks have slots for
@@ -78,39 +85,56 @@ class KVCacheManager:
         return hits, len(hits) * bs
 
     # ---------------------------------------------------------------- slots
+    def can_fit_full_sequence(self, request, new_computed_block_ids=None) -> bool:
+        """Whether the free blocks hold the request's whole sequence: all ``request.num_tokens`` (prompt, and
+        outputs for a resumed request) less its prefix hit, counting the hit blocks it would revive from the
+        free queue (vLLM 0.33: ``KVCacheManager.allocate_slots(..., full_sequence_must_fit=True)``, the
+        admission gate of ``scheduler_reserve_full_isl``). Reads only."""
+        hits = list(new_computed_block_ids or [])
+        return self._num_blocks_to_allocate(request, request.num_tokens, hits) <= self.num_free_blocks
+
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_block_ids=None) -> list[int] | None:
+                       new_computed_block_ids=None, full_sequence_must_fit: bool = False) -> list[int] | None:
         """Slots for ``num_new_tokens`` after the request's computed tokens (and its new cache hits).
 
         Returns the blocks newly taken from the free queue, or None (and changes nothing) when there are
-        not enough free blocks.
+        not enough free blocks, or, with ``full_sequence_must_fit``, when ``can_fit_full_sequence`` says no.
         """
         check_int("num_new_tokens", num_new_tokens, minimum=0)
         hits = list(new_computed_block_ids or [])
-        blocks = self.req_to_blocks.get(request.request_id, [])
-        num_computed = request.num_computed_tokens + num_new_computed_tokens
-        needed = -(-(num_computed + num_new_tokens) // self.block_size) - len(blocks) - len(hits)
-        revived = sum(1 for b in hits if self.allocator.refcount(b) == 0)  # cached hits waiting in the free queue
-        if needed > self.num_free_blocks - revived:
+        if full_sequence_must_fit and not self.can_fit_full_sequence(request, hits):
+            return None
+        num_slots = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        if self._num_blocks_to_allocate(request, num_slots, hits) > self.num_free_blocks:
             return None
         for block_id in hits:
             self.allocator.incref(block_id)
         if self.prefix_cache is not None and request.request_id not in self.req_to_blocks:
             self.prefix_cache.stats.hits += len(hits)
             self.prefix_cache.stats.misses += request.num_tokens // self.block_size - len(hits)
-        new = [self._allocate() for _ in range(max(needed, 0))]
-        self.req_to_blocks[request.request_id] = blocks + hits + new
-        self.num_slots[request.request_id] = num_computed + num_new_tokens
-        self._cache_full_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
+        blocks = self.req_to_blocks.get(request.request_id, []) + hits
+        new = [self._allocate() for _ in range(-(-num_slots // self.block_size) - len(blocks))]
+        self.req_to_blocks[request.request_id] = blocks + new
+        self.num_slots[request.request_id] = num_slots
+        self._cache_full_blocks(request, min(num_slots, request.num_tokens))
         return new
 
     def free(self, request) -> None:
-        """Give the request's blocks back, last block first, so a shared prefix stays cached longest."""
+        """Give the request's blocks back, last block first (vLLM 0.33: ``KVCacheManager.free`` and
+        ``BlockPool.free_blocks``): blocks without a hash go to the head of the free queue, to be reused first;
+        cached ones join the tail, so a shared prefix stays cached longest."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        for block_id in reversed(blocks):
-            self.allocator.free(block_id)
+        named = self.prefix_cache.block_to_hash if self.prefix_cache is not None else {}
+        self.allocator.free_blocks(reversed(blocks), reuse_first=lambda block_id: block_id not in named)
         self.req_to_hashes.pop(request.request_id, None)
         self.num_slots.pop(request.request_id, None)
+
+    def _num_blocks_to_allocate(self, request, num_tokens: int, hits: list[int]) -> int:
+        """Free blocks that slots for ``num_tokens`` would take: new ones, and cached hits waiting in the free
+        queue (vLLM 0.33: ``get_num_blocks_to_allocate``)."""
+        held = len(self.req_to_blocks.get(request.request_id, [])) + len(hits)
+        revived = sum(1 for b in hits if self.allocator.refcount(b) == 0)
+        return max(-(-num_tokens // self.block_size) - held, 0) + revived
 
     def _allocate(self) -> int:
         block_id = self.allocator.allocate()

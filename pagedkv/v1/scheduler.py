@@ -6,12 +6,15 @@ phases: every request has ``num_computed_tokens`` and ``num_tokens``, and each s
 budget of ``max_num_batched_tokens`` so that requests catch up:
 
 1. **running** requests first, in order: each gets ``num_tokens - num_computed_tokens`` tokens (one for a
-   decode; the rest of its prompt for a long prefill), at most ``long_prefill_token_threshold`` if set and at
-   most the budget left, so a long prompt is **chunked** over several steps beside the others' decodes. When
-   ``allocate_slots`` returns None, the **last** running request is preempted by recompute (its blocks freed,
-   ``num_computed_tokens = 0``, front of ``waiting``) and the allocation is tried again;
+   decode; the rest of its prompt for a long prefill), at most ``long_prefill_token_threshold`` if set (and
+   more than one request was running or waiting when the step began) and at most the budget left, so a long
+   prompt is **chunked** over several steps beside the others' decodes. When ``allocate_slots`` returns None,
+   the **last** running request is preempted by recompute (its blocks freed, ``num_computed_tokens = 0``,
+   front of ``waiting``) and the allocation is tried again;
 2. then **waiting** requests in order (first come, first served), not in a step that preempted: their cached
-   prefix from ``get_computed_blocks``, then a chunk of the rest, while the budget and ``max_num_seqs`` allow.
+   prefix from ``get_computed_blocks``, then a chunk of the rest, while the budget and ``max_num_seqs`` allow,
+   and (``scheduler_reserve_full_isl``, on by default) only while the request's whole sequence fits the free
+   blocks: admitting it for its first chunk alone would mean preempting it a few steps later.
 
 A request samples a token only in a step whose chunk reaches the end of its tokens.
 """
@@ -80,7 +83,10 @@ class Scheduler:
     """One token budget over ``running`` then ``waiting``, on a :class:`KVCacheManager`."""
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 long_prefill_token_threshold: int = 0):
+                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True):
+        """``scheduler_reserve_full_isl`` (vLLM 0.33's ``SchedulerConfig`` setting, on by default): admit a
+        waiting or preempted request only if its whole sequence fits the free blocks, not just its first chunk
+        ("prevents over-admission and KV cache thrashing with chunked prefill")."""
         if not isinstance(kv_cache_manager, KVCacheManager):
             raise PagedKVValueError(f"kv_cache_manager must be a pagedkv.v1.KVCacheManager, got "
                                     f"{type(kv_cache_manager).__name__}.")
@@ -89,6 +95,10 @@ class Scheduler:
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
         self.long_prefill_token_threshold = check_int("long_prefill_token_threshold", long_prefill_token_threshold,
                                                       minimum=0)
+        if not isinstance(scheduler_reserve_full_isl, bool):
+            raise PagedKVValueError(f"scheduler_reserve_full_isl must be True (admit a request only if its whole "
+                                    f"sequence fits, vLLM's default) or False, got {scheduler_reserve_full_isl!r}.")
+        self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.requests: dict = {}  # request_id -> Request, every unfinished one
         self.finished: dict = {}  # request_id -> its output token ids, in finishing order
         self._waiting: deque[Request] = deque()
@@ -130,26 +140,33 @@ class Scheduler:
     # ---------------------------------------------------------------- one step
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
+        threshold = self._long_prefill_threshold()
+        budget = self._schedule_running(out, self.max_num_batched_tokens, threshold)
         if not out.preempted_req_ids:  # vLLM admits nobody in a step that had to preempt
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, budget, threshold)
         for request_id, num_tokens in out.num_scheduled_tokens.items():  # vLLM: _update_after_schedule
             self.requests[request_id].num_computed_tokens += num_tokens
         return out
 
-    def _chunk(self, request: Request, num_computed: int, budget: int) -> int:
+    def _long_prefill_threshold(self) -> int:
+        """This step's cap on a chunk: ``long_prefill_token_threshold``, or 0 (none) when at most one request is
+        running or waiting as the step begins, since a lone request starves nobody (vLLM 0.33: the start of
+        ``Scheduler.schedule``)."""
+        return self.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
+
+    @staticmethod
+    def _chunk(request: Request, num_computed: int, budget: int, threshold: int) -> int:
         """How many of the request's uncomputed tokens fit this step."""
         num_new = request.num_tokens - num_computed
-        if 0 < self.long_prefill_token_threshold < num_new:
-            num_new = self.long_prefill_token_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
         return min(num_new, budget)
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
-            num_new = self._chunk(request, request.num_computed_tokens, budget)
+            num_new = self._chunk(request, request.num_computed_tokens, budget, threshold)
             while self.kv_cache_manager.allocate_slots(request, num_new) is None:
                 victim = self._running.pop()  # FCFS: the latest arrival goes first
                 self._preempt(victim, out)
@@ -164,12 +181,13 @@ class Scheduler:
             break  # the request itself was preempted: nobody after it runs either
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int) -> None:
         while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
             request = self._waiting[0]
             hits, num_cached = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = self._chunk(request, num_cached, budget)
-            if self.kv_cache_manager.allocate_slots(request, num_new, num_cached, hits) is None:
+            num_new = self._chunk(request, num_cached, budget, threshold)
+            if self.kv_cache_manager.allocate_slots(request, num_new, num_cached, hits,
+                                                    full_sequence_must_fit=self.scheduler_reserve_full_isl) is None:
                 break
             self._waiting.popleft()
             request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_cached
