@@ -22,7 +22,12 @@ from .errors import (
     UnknownSequenceError,
     WrongDeviceError,
 )
-from .kernels import CUDA_MODE, paged_attention, reference_paged_attention  # first: sets the CUDA mode
+from .kernels import (  # first: sets the CUDA mode
+    CUDA_MODE,
+    paged_attention,
+    reference_paged_attention,
+    unified_paged_attention,
+)
 from .manager import AllocStatus, BlockSpaceManager
 from .model import LlamaConfig, LlamaForCausalLM, beam_search_dense, generate_dense, load_smollm2, load_tiny
 from .paged_cache import CacheEvent, PagedKVCache
@@ -43,5 +48,5 @@ __all__ = [
     "PagedKVKeyError", "PagedKVValueError", "PreemptionMode", "RequestOutput", "SamplingParams", "Scheduler",
     "SchedulerOutputs", "ShapeError", "UnknownSequenceError", "WrongDeviceError", "beam_search", "beam_search_dense",
     "cache_block_bytes", "generate_dense", "hash_block_tokens", "load_smollm2", "load_tiny", "num_cpu_blocks",
-    "num_gpu_blocks", "paged_attention", "reference_paged_attention",
+    "num_gpu_blocks", "paged_attention", "reference_paged_attention", "unified_paged_attention",
 ]

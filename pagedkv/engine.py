@@ -10,14 +10,16 @@ vLLM splits this between ``vllm/engine/llm_engine.py`` (``step``),
 The model sees one flat batch of new tokens (each prefill's uncached tokens,
 one token per decode) with their positions, and a :class:`PagedKVStore` that
 its attention layers call: it writes the new K/V through the slot mapping,
-then attends causally over a prefill's blocks, or runs ``paged_attention`` for
-the decodes.  Every layer has its own K/V tensors; all share the one block
-table per request, as in vLLM.
+then makes one ``unified_paged_attention`` call for every row of the batch,
+each reading its sequence's earlier tokens from the pages (vLLM 0.33's
+``unified_attention``).  Every layer has its own K/V tensors; all share the one
+block table per request and the step's attention metadata, as in vLLM.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -25,10 +27,10 @@ import torch
 
 from .cache import CacheEngine, reshape_and_cache
 from .errors import DuplicateSequenceError, PagedKVValueError, UnknownSequenceError
-from .kernels import check_attention_args, gather_kv, run_paged_attention
+from .kernels import UnifiedAttentionMetadata
 from .kernels.validate import BACKENDS
 from .manager import BlockSpaceManager
-from .model import LlamaForCausalLM, causal_attention
+from .model import LlamaForCausalLM
 from .output_processor import Beams, Samples
 from .sampling import BeamSearchParams, RequestOutput, SamplingParams
 from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
@@ -62,48 +64,34 @@ class _Chunk:
 
 
 @dataclass
-class _Prefill:
-    rows: slice  # this request's rows in the flat batch
-    block_table: torch.Tensor
-    context_len: int  # tokens it attends over once this step's are written
-    num_past: int  # tokens before its first new one
-
-
-@dataclass
 class PagedKVStore:
-    """What ``LlamaAttention`` calls in a paged step: ``attend(layer, q, k, v)`` for the flat batch."""
+    """What ``LlamaAttention`` calls in a paged step: ``attend(layer, q, k, v)`` for the whole flat batch.
+
+    Each layer writes the step's K/V into its pages (``reshape_and_cache``), then makes one
+    ``unified_paged_attention`` call over every row: prefill chunks, prefix hits and decodes alike read their
+    earlier tokens from the pages (vLLM 0.33: ``unified_attention`` in
+    ``vllm/v1/attention/ops/triton_unified_attention.py``).  ``metadata`` (``cu_seqlens_q``, ``seq_lens``, block
+    tables) is built once per step and shared by every layer, as vLLM's ``CommonAttentionMetadata`` is.
+    """
 
     caches: list  # one CacheEngine per layer
     slot_mapping: torch.Tensor  # where each new token's K/V goes (-1: already in the prefix cache)
-    prefills: list  # one _Prefill per prefilling request
-    decode_rows: slice  # the decodes' rows, one each, at the end of the batch
-    block_tables: torch.Tensor  # the decodes', int32, padded
-    seq_lens: torch.Tensor  # the decodes', int32
+    metadata: UnifiedAttentionMetadata
     backend: str
+    sliding_window: int | None = None  # every layer's window here (None: full attention)
 
     def __post_init__(self):
-        """What every layer reuses: the rows to write and their slots, and (after layer 0) the decode shape."""
+        """What every layer reuses: the rows to write and their slots."""
         keep = self.slot_mapping >= 0
         self._rows = None if bool(keep.all()) else keep
         self._slots = self.slot_mapping[keep]
-        self._shape = None  # the decodes' sizes, checked by the first layer (vLLM: attention metadata)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         cache = self.caches[layer]
         new_kv = (k, v) if self._rows is None else (k[self._rows], v[self._rows])
         reshape_and_cache(cache.key_cache, cache.value_cache, self._slots, *new_kv)
-        out = torch.empty_like(q)
-        for p in self.prefills:  # the cached prefix blocks + the tokens just written, causally
-            keys, values = gather_kv(cache.key_cache, cache.value_cache, p.block_table, p.context_len)
-            out[p.rows] = causal_attention(q[p.rows], keys, values, p.num_past)
-        if self.decode_rows.stop > self.decode_rows.start:  # one query each, over its pages, in place
-            query = q[self.decode_rows]
-            if self._shape is None:
-                self._shape = check_attention_args(query, cache.key_cache, cache.value_cache, self.block_tables,
-                                                   self.seq_lens, backend=self.backend)
-            out[self.decode_rows] = run_paged_attention(query, cache.key_cache, cache.value_cache, self.block_tables,
-                                                        self.seq_lens, self._shape, self.backend)
-        return out
+        return self.metadata.attend(q, cache.key_cache, cache.value_cache, sliding_window=self.sliding_window,
+                                    backend=self.backend)
 
 
 class LLMEngine:
@@ -354,28 +342,23 @@ class LLMEngine:
 
     @torch.inference_mode()
     def _forward(self, chunks: list, sampling: list) -> torch.Tensor:
-        """One model pass over a flat batch: every chunk's tokens, multi-token chunks first (causal attention over
-        their blocks), then the single tokens (``paged_attention``). The logits of ``sampling``'s last rows."""
+        """One model pass over a flat batch: every chunk's tokens, in order, and one attention call per layer over
+        all of them (the step's metadata built here, once). The logits of ``sampling``'s last rows."""
         block_size = self.block_size
-        ordered = [c for c in chunks if len(c.token_ids) > 1] + [c for c in chunks if len(c.token_ids) == 1]
-        input_ids, positions, slots, prefills, last_row = [], [], [], [], {}
-        tables, seq_lens = [], []
-        for chunk in ordered:
+        input_ids, positions, slots, last_row = [], [], [], {}
+        for chunk in chunks:
             end = chunk.start + len(chunk.token_ids)
-            rows = slice(len(input_ids), len(input_ids) + len(chunk.token_ids))
             input_ids += chunk.token_ids
             positions += range(chunk.start, end)
             slots += [chunk.block_table[p // block_size] * block_size + p % block_size if p >= chunk.write_from
                       else -1 for p in range(chunk.start, end)]
-            if len(chunk.token_ids) > 1:
-                prefills.append(_Prefill(rows, torch.tensor(chunk.block_table, dtype=torch.int32), end, chunk.start))
-            else:
-                tables.append(chunk.block_table)
-                seq_lens.append(end)
-            last_row[chunk.key] = rows.stop - 1
-        num_prefill_rows = sum(len(c.token_ids) for c in ordered if len(c.token_ids) > 1)
-        store = PagedKVStore(self.caches, torch.tensor(slots), prefills, slice(num_prefill_rows, len(input_ids)),
-                             _pad(tables), torch.tensor(seq_lens, dtype=torch.int32), self.backend)
+            last_row[chunk.key] = len(input_ids) - 1
+        query_lens = [len(c.token_ids) for c in chunks]
+        metadata = UnifiedAttentionMetadata(
+            cu_seqlens_q=torch.tensor([0] + list(itertools.accumulate(query_lens)), dtype=torch.int32),
+            seq_lens=torch.tensor([c.start + n for c, n in zip(chunks, query_lens)], dtype=torch.int32),
+            block_tables=_pad([c.block_table for c in chunks]))
+        store = PagedKVStore(self.caches, torch.tensor(slots), metadata, self.backend)
         logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store,
                                         [last_row[key] for key in sampling])
         self.stats.num_computed_tokens += len(input_ids)

@@ -12,7 +12,8 @@ CUDA_MODE = configure_cuda_mode(announce=False)  # said at the first CUDA launch
 
 from .cpu import paged_attention_cpu  # noqa: E402  (must come after the mode is set)
 from .cuda import paged_attention_cuda  # noqa: E402
-from .reference import gather_kv, reference_paged_attention  # noqa: E402
+from .reference import gather_kv, reference_paged_attention, reference_unified_attention  # noqa: E402
+from .unified import UnifiedAttentionMetadata, unified_paged_attention  # noqa: E402
 from .validate import check_attention_args  # noqa: E402
 
 if CUDA_MODE.simulator:
@@ -22,7 +23,8 @@ if CUDA_MODE.simulator:
 
 
 def resolve_backend(backend: str = "auto") -> str:
-    """``"auto"`` is ``"cuda"`` on a real GPU and the numba CPU twin otherwise."""
+    """``"auto"`` is ``"cuda"`` on a real GPU and the CPU path otherwise (``paged_attention``: the numba CPU twin;
+    ``unified_paged_attention``: its vectorised torch path)."""
     if backend == "auto":
         return "cpu" if CUDA_MODE.simulator else "cuda"
     return backend
@@ -67,4 +69,5 @@ def run_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, s
 
 
 __all__ = ["CUDA_MODE", "paged_attention", "reference_paged_attention", "resolve_backend", "gather_kv",
-           "check_attention_args", "run_paged_attention"]
+           "check_attention_args", "run_paged_attention", "unified_paged_attention", "UnifiedAttentionMetadata",
+           "reference_unified_attention"]

@@ -92,12 +92,37 @@ def compile_one(flavour: str, kernel: str, dtype: str, cc=(9, 0), head_size=128,
     return ptx
 
 
+def unified_signature(dtype: str) -> str:
+    """numba type signature of ``cuda_unified``'s kernel for a cache dtype."""
+    return (f"void(float32[:, :, ::1], {dtype}[:, :, ::1], {dtype}[:, :, :, ::1], {dtype}[:, :, :, ::1], int32[::1], "
+            "int32[::1], int32[:, ::1], float32, int32)")
+
+
+def compile_unified(dtype: str, cc=(9, 0), head_size=128, block_size=16, num_threads=128, block_q=4, gqa=4,
+                    sliding_window=0) -> str:
+    """PTX of the unified kernel (``cuda_unified.py``) for tiles of ``block_q`` queries x ``gqa`` query heads."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        raise PagedKVError("run with NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX.")
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    from .cuda_unified import build_unified_kernel
+
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)  # see compile_one
+    kernel = build_unified_kernel(head_size, block_size, num_threads, block_q, gqa, sliding_window, jit=False)
+    ptx, _ = cuda.compile_ptx(kernel, unified_signature(dtype), cc=cc)
+    return ptx
+
+
 def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict:
-    """{(flavour, dtype, kernel): ptx} for every flavour, fp16 and fp32."""
+    """{(flavour, dtype, kernel): ptx} for every flavour, fp16 and fp32, and the unified kernel's prefill tile."""
     from .cuda import FLAVOURS
 
-    return {(flavour, dtype, name): compile_one(flavour, name, dtype, cc, head_size, block_size, logits_len)
-            for flavour in FLAVOURS for dtype in ("float16", "float32") for name in ("v1", "v2", "reduce")}
+    ptx = {(flavour, dtype, name): compile_one(flavour, name, dtype, cc, head_size, block_size, logits_len)
+           for flavour in FLAVOURS for dtype in ("float16", "float32") for name in ("v1", "v2", "reduce")}
+    for dtype in ("float16", "float32"):
+        ptx["unified", dtype, "tile"] = compile_unified(dtype, cc, head_size, block_size)
+    return ptx
 
 
 def main(argv=None) -> int:

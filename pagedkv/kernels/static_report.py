@@ -21,6 +21,10 @@ What is measured, and what is an estimate:
   those loops (the block table, per-token reductions) is not counted: a
   lower bound for each of the K and V passes.
 
+The unified kernel (``cuda_unified.py``) gets its own rows, for a prefill tile
+(vLLM's ``16 // gqa`` queries) and a decode tile (one query), counted per
+(query head, key): see :func:`unified_loops`.
+
 Run it as ``python benchmarks/bench_attention.py --static``.
 """
 
@@ -130,8 +134,9 @@ def kernel_sass(sass: str, name: str) -> list[str]:
     raise PagedKVError(f"no function named like {name!r} in the disassembly.")
 
 
-def cache_loops(lines: list[str]) -> list[Loop]:
-    """Innermost loops (a backward branch to a label above it) that load fp16 K or V elements."""
+def innermost_loops(lines: list[str]) -> list[tuple[int, int, list[str]]]:
+    """``(start, end, instruction texts)`` of each innermost loop: a backward branch to a label above it, with no
+    loop inside."""
     labels, instructions, pending = {}, [], []
     for line in lines:
         label = _LABEL.match(line.strip())
@@ -151,9 +156,14 @@ def cache_loops(lines: list[str]) -> list[Loop]:
         if target and labels.get(target[1], address + 1) <= address:
             loops.append((labels[target[1]], address))
     innermost = [(s, e) for s, e in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in loops)]
+    return [(start, end, [text for address, text in instructions if start <= address <= end])
+            for start, end in sorted(set(innermost))]
+
+
+def cache_loops(lines: list[str]) -> list[Loop]:
+    """Innermost loops that load fp16 K or V elements from global memory and multiply (FFMA)."""
     result = []
-    for start, end in sorted(set(innermost)):
-        body = [text for address, text in instructions if start <= address <= end]
+    for start, end, body in innermost_loops(lines):
         elements = sum(fp16_elements_loaded(text) for text in body)
         if elements and any(opcode(text).startswith("FFMA") for text in body):
             result.append(Loop(start, end, len(body), elements))
@@ -246,6 +256,77 @@ def summary_line(row: dict, gqa: int) -> str:
             "issue-rate model, not measured; over 100%: memory-bound)")
 
 
+# ----------------------------------------------------------------------------- the unified kernel (cuda_unified.py)
+UNIFIED_TILES = ("prefill", "decode")  # a tile of vLLM's 16 // gqa queries, or of one query (a decode)
+
+
+def unified_loops(lines: list[str], head_size: int, block_m: int) -> dict:
+    """Warp instructions per (query head, key) in the unified kernel's three streaming loops.
+
+    * ``K``: ``qk_logits``' dot product (both operands from shared memory: an FFMA and two LDS per element);
+    * ``V``: ``weighted_values``' sum over a page's keys (the same shape);
+    * ``load``: ``load_page``, which copies a page's fp16 K and V rows to shared memory once for the tile's
+      ``block_m`` rows, so its cost per (query head, key) is divided by ``block_m``.
+
+    A loop's cost: ``n / f`` instructions per FFMA (``n / e`` per fp16 element loaded), times the ``head_size``
+    FFMAs (``2 * head_size`` elements) one (row, key) pair needs, over 32 lanes.  The K and V loops are the
+    innermost loops whose FFMAs read both operands from shared memory (at least one LDS per FFMA), in that
+    order; ``load`` is the last loop that loads fp16 and multiplies nothing (``stage_queries`` comes before it).
+    The softmax and the block-table reads are not counted: a lower bound, as for the decode kernels.
+    """
+    shared, loading = [], []
+    for _, _, body in innermost_loops(lines):
+        ops = [opcode(text) for text in body]
+        ffma = sum(op.startswith("FFMA") for op in ops)
+        lds = sum(op.startswith("LDS") for op in ops)
+        elements = sum(fp16_elements_loaded(text) for text in body)
+        if ffma and lds >= ffma and not any(op.startswith("MUFU") for op in ops):
+            shared.append(len(body) / ffma * head_size / 32)
+        elif elements and not ffma:
+            loading.append(len(body) / elements * 2 * head_size / 32 / block_m)
+    if len(shared) != 2 or not loading:
+        raise PagedKVError(f"expected the unified kernel's K and V loops and a page-load loop in the SASS, found "
+                           f"{len(shared)} shared-memory FFMA loops and {len(loading)} load loops.")
+    return {"K": shared[0], "V": shared[1], "load": loading[-1]}
+
+
+def measure_unified(tile: str, head_size: int, cc: tuple[int, int], threads: int = 128, block_size: int = 16,
+                    gqa: int = 4) -> dict:
+    """One row for the unified kernel's fp16 tile: what the linker says, occupancy, and its streaming loops."""
+    from .cuda_unified import choose_block_q
+    from .ptx import compile_unified
+
+    block_q = choose_block_q(head_size, block_size, gqa, decodes_only=tile == "decode")
+    cubin, info = link(compile_unified("float16", cc, head_size, block_size, threads, block_q, gqa), cc)
+    loops = unified_loops(kernel_sass(disassemble(cubin), "unified_attention"), head_size, block_q * gqa)
+    return dict(tile=tile, block_q=block_q, head_size=head_size, gqa=gqa, sm=f"sm_{cc[0]}{cc[1]}",
+                registers=info.registers, spill_bytes=info.spill_bytes, shared_bytes=info.shared_bytes,
+                local_bytes=info.local_bytes, occupancy=occupancy(info, threads, cc), loops=loops)
+
+
+UNIFIED_HEADER = ("sm     unified tile     head gqa regs spills  smem B lmem  occup. warp instructions per "
+                  "(query head, key): K + V + page loads, lower bound")
+
+
+def format_unified_row(row: dict) -> str:
+    tile = f"{row['tile']} {row['block_q']}x{row['gqa']}"
+    loops = row["loops"]
+    return (f"{row['sm']:<6} {tile:<16} {row['head_size']:>4} {row['gqa']:>3} {row['registers']:>4} "
+            f"{row['spill_bytes']:>6} {row['shared_bytes']:>6} {row['local_bytes']:>5} {row['occupancy']:>5.0%}  "
+            f"{loops['K']:.0f} + {loops['V']:.0f} + {loops['load']:.0f} = {sum(loops.values()):.0f}")
+
+
+def unified_summary_line(row: dict) -> str:
+    """``static summary: sm_90 unified prefill tile (4 queries x 4 heads) head 128 fp16: N warp instructions ...``."""
+    total, block_m = sum(row["loops"].values()), row["block_q"] * row["gqa"]
+    queries = "1 query" if row["block_q"] == 1 else f"{row['block_q']} queries"
+    return (f"static summary: {row['sm']} unified {row['tile']} tile ({queries} x {row['gqa']} heads) head "
+            f"{row['head_size']} fp16: {total:.0f} warp instructions per (query head, key) (K + V + page loads, a "
+            f"lower bound), occupancy {row['occupancy']:.0%}, {row['spill_bytes']} bytes spilled; "
+            f"issuing them allows <= {hbm_fraction(total, row['head_size'], block_m):.0%} of H100 HBM bandwidth "
+            "(an estimate from an issue-rate model, not measured; over 100%: memory-bound)")
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -255,7 +336,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cc", nargs="+", default=["8.0", "9.0"], help="compute capabilities (8.0 and/or 9.0)")
     parser.add_argument("--head-size", nargs="+", type=int, default=[128, 256])
     parser.add_argument("--flavour", nargs="+", default=list(FLAVOURS), choices=FLAVOURS)
-    parser.add_argument("--kernel", nargs="+", default=["v1", "v2", "reduce"], choices=("v1", "v2", "reduce"))
+    parser.add_argument("--kernel", nargs="+", default=["v1", "v2", "reduce", "unified"],
+                        choices=("v1", "v2", "reduce", "unified"),
+                        help="unified: cuda_unified.py's kernel, a prefill tile and a decode tile (fp16)")
     parser.add_argument("--gqa", nargs="+", type=int, default=[1, 4],
                         help="query heads per KV head (1 is multi-head attention)")
     parser.add_argument("--json", help="also write the rows to this file (notebook 07's roofline reads "
@@ -267,22 +350,36 @@ def main(argv=None) -> int:
 
 
 def print_report(args) -> int:
-    print(HEADER)
     summaries, rows = [], []
-    for cc in (tuple(int(x) for x in text.split(".")) for text in args.cc):
+    ccs = [tuple(int(x) for x in text.split(".")) for text in args.cc]
+    for cc in ccs:
         if cc not in SM_LIMITS:
             raise PagedKVError(f"--cc must be one of {sorted(SM_LIMITS)}, got {cc}.")
-        for head_size in args.head_size:
+    decode_kernels = [k for k in args.kernel if k != "unified"]
+    if decode_kernels:
+        print(HEADER)
+    for cc in ccs:
+        for head_size in args.head_size if decode_kernels else ():
             for flavour in args.flavour:
                 # only vllm-gqa is built per group size; the others cost the same per query head at any gqa
                 for gqa in (args.gqa if flavour == "vllm-gqa" else args.gqa[:1]):
-                    for kernel in args.kernel:
+                    for kernel in decode_kernels:
                         row = measure(flavour, kernel, head_size, cc, gqa=gqa)
                         rows.append(row)
                         print(format_row(row), flush=True)
                         if kernel == "v1" or (kernel == "v2" and "v1" not in args.kernel):
                             summaries += [summary_line(row, g) for g in ([gqa] if flavour == "vllm-gqa"
                                                                          else args.gqa)]
+    if "unified" in args.kernel:
+        print(UNIFIED_HEADER)
+        for cc in ccs:
+            for head_size in args.head_size:
+                for gqa in args.gqa:
+                    for tile in UNIFIED_TILES:
+                        row = measure_unified(tile, head_size, cc, gqa=gqa)
+                        rows.append(row)
+                        print(format_unified_row(row), flush=True)
+                        summaries.append(unified_summary_line(row))
     print("\n".join(summaries))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
