@@ -3,11 +3,16 @@
 The engine does the work: a request of ``n`` samples or of a beam search is a sequence group
 (``scheduler.py``), its prompt is prefilled once and forked, the first append into a shared partial block is a
 copy-on-write copy, and beam search frees the beams it drops (``output_processor.py``; paper §4.4). This module
-only drives one such request through an :class:`LLMEngine` a step at a time and counts, after every step:
+only drives one such request through an :class:`LLMEngine` a step at a time and counts, at every step:
 
 * the distinct blocks the group's sequences hold (a shared block once),
 * the blocks they would hold if each kept its own copy of its tokens (no sharing),
 * the copy-on-write copies the step made and the blocks it freed by dropping beams.
+
+The first two are counted where the step allocates its blocks: right after scheduling, when every live sequence
+has a slot for its next token, and before sampling drops beams or finishes the request. That is where the engine
+counts ``stats.peak_gpu_blocks`` too, so a group alone on an engine has ``peak_in_use == peak_gpu_blocks``: one
+definition of the peak: the most blocks ever allocated at once.
 
 ``sharing_savings`` is the paper's Fig. 15 measure on the shipped tiny Llama:
 ``1 - peak blocks with sharing / peak blocks without``.
@@ -33,12 +38,13 @@ TEXT = (b"The KV cache stores the keys and values of every token a request has s
 
 @dataclass
 class StepStats:
-    """The group's blocks after one engine step (step 1 prefills the prompt)."""
+    """The group's blocks in one engine step (step 1 prefills the prompt), counted where the step allocates them:
+    after scheduling, before sampling forks, drops or finishes sequences."""
 
     step: int
-    num_seqs: int  # live sequences of the group
-    blocks_in_use: int  # distinct blocks they hold: a shared block counts once
-    blocks_without_sharing: int  # blocks they would hold if each had its own copy of its tokens
+    num_seqs: int  # live sequences of the group when the step's slots are allocated
+    blocks_in_use: int  # distinct blocks they hold then: a shared block counts once
+    blocks_without_sharing: int  # blocks they would hold then if each had its own copy of its tokens
     cow_copies: int  # copy-on-write copies made in this step
     blocks_freed: int  # blocks returned to the free list by dropped beams in this step
     copies: tuple = ()  # the copy-on-write copies, (source block, new block)
@@ -99,10 +105,24 @@ class GroupDecoding:
         return {b for table in self.block_tables().values() for b in table}
 
     def step(self) -> StepStats:
-        """One engine step (it also runs every other request the engine holds)."""
-        out = self.engine.step()
-        tables, freed = self.block_tables().values(), tuple(sorted(self.engine.scheduler.pruned_block_ids))
-        stats = StepStats(len(self.steps) + 1, len(tables), len(self.held_blocks()), sum(len(t) for t in tables),
+        """One engine step (it also runs every other request the engine holds), the group's blocks counted right
+        after ``schedule()`` has allocated them, where ``engine.stats.peak_gpu_blocks`` is counted."""
+        scheduler, tables = self.engine.scheduler, {}
+        schedule = scheduler.schedule
+
+        def schedule_then_count():
+            out = schedule()
+            tables.update(self.block_tables())  # every live sequence holds a slot for its next token now
+            return out
+
+        scheduler.schedule = schedule_then_count  # for this one step: engine.step() calls it first
+        try:
+            out = self.engine.step()
+        finally:
+            del scheduler.schedule
+        held = {b for table in tables.values() for b in table}
+        freed = tuple(sorted(scheduler.pruned_block_ids))
+        stats = StepStats(len(self.steps) + 1, len(tables), len(held), sum(len(t) for t in tables.values()),
                           len(out.blocks_to_copy), len(freed), tuple(out.blocks_to_copy), freed)
         self.steps.append(stats)
         return stats

@@ -111,7 +111,7 @@ class SimResult:
     recomputed_tokens: int = 0  # tokens prefilled again after a recompute preemption
     swapped_blocks: int = 0  # blocks copied out to the CPU pool by swap preemptions
     time: float = 0.0  # the run's length in decode-step times (CostModel)
-    history: list = field(default_factory=list)  # per-step (step, running, token_states fraction)
+    history: list = field(default_factory=list)  # per step: (step, running, token_states share, start time)
 
 
 @dataclass(frozen=True)
@@ -308,7 +308,7 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
             running_time += step.running * step.time
             finished_while_saturated += step.finished
         if record_history:
-            history.append((num_steps, step.running, fractions[0]))
+            history.append((num_steps, step.running, fractions[0], total_time))
         total_time += step.time
         num_steps += 1
         bar.update(step.finished)

@@ -30,10 +30,12 @@ def test_beams_equal_beam_search_dense(width):
 def test_the_prompt_is_shared_then_copied_on_write():
     engine = tiny_engine(64, block_size=4, watermark=0.0)
     group = GroupDecoding(engine, synthetic_prompt(9), SamplingParams(n=3, seed=1, max_tokens=8))
-    first = group.step()  # the prefill: three samples forked from one prompt, 3 blocks shared by all
-    assert (first.num_seqs, first.blocks_in_use, first.blocks_without_sharing) == (3, 3, 9)
+    first = group.step()  # the prefill: one prompt sequence holds 3 blocks; sampling then forks it twice
+    assert (first.num_seqs, first.blocks_in_use, first.blocks_without_sharing) == (1, 3, 3)
+    assert engine.block_manager.num_free_gpu_blocks == 64 - 3
+    assert sorted(engine.block_manager.snapshot().blocks[b].ref_count for b in range(3)) == [3, 3, 3]
     second = group.step()  # each writes into the shared partial block: two copy, the last writes in place
-    assert second.cow_copies == 2 and second.blocks_in_use == 2 + 3
+    assert second.cow_copies == 2 and second.blocks_in_use == 2 + 3 and second.blocks_without_sharing == 3 * 3
     while not group.finished:
         group.step()
         check_manager_invariants(engine.block_manager)
@@ -64,3 +66,19 @@ def test_deterministic_and_bad_mode():
     assert sharing_savings("beam", 3, 30, 30, seed=5) == sharing_savings("beam", 3, 30, 30, seed=5)
     with pytest.raises(ValueError, match="mode"):
         sharing_savings("greedy", 2, 10, 10)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "beam"])
+def test_the_peak_is_the_engines_own(mode):
+    """One definition of the peak: counted where the step allocates, it is the engine's ``peak_gpu_blocks``."""
+    engine = tiny_engine(64, block_size=4, watermark=0.0)
+    result = run_decoding(mode, 4, synthetic_prompt(10), 12, block_size=4, engine=engine)
+    assert result.peak_in_use == engine.stats.peak_gpu_blocks
+    assert result.peak_in_use == max(s.blocks_in_use for s in result.steps)
+
+
+def test_the_peak_without_sharing_counts_every_written_slot():
+    """Without sharing, n samples at the last step each hold a slot for every token but the last sampled one."""
+    prompt_len, output_len, n, block_size = 30, 40, 4, 4
+    result = run_decoding("parallel", n, synthetic_prompt(prompt_len), output_len, block_size=block_size)
+    assert result.peak_without_sharing == n * -(-(prompt_len + output_len - 1) // block_size)

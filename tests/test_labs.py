@@ -85,7 +85,7 @@ def test_checks_print_and_never_raise(capsys):
     check.exercise("07.E1", 42)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[not yet] x: no answer yet")
-    assert out[1] == "[not yet] x: 2 is not it yet: the answer is too low. Hint: hint here"
+    assert out[1] == "[not yet] x: 2 is not it yet: the answer is not right. Hint: hint here"
     assert out[2] == "[not yet] x: '3' is not it yet: the answer should be a number, not a str."
     assert out[3].startswith("[ok]")
     assert "raised ZeroDivisionError" in out[4] and "check.reveal('07.E1')" in out[4]
@@ -114,9 +114,18 @@ def test_a_failed_check_never_shows_the_answer(capsys):
         out = capsys.readouterr().out
         assert out.startswith("[not yet]") and repr(expected) not in out, key
     assert not check.exercise("06.E1", (150, 250, 1600))
-    assert "value 3 is too low" in capsys.readouterr().out
+    assert "value 3 is not right" in capsys.readouterr().out  # which value, never which way
     assert not check.exercise("06.E1", [150, 250])
-    assert "has 2 values; 3 are wanted" in capsys.readouterr().out
+    assert "has 2 values, not the number wanted" in capsys.readouterr().out
+
+
+def test_a_known_mistake_is_named_without_the_answer(capsys):
+    assert not check.report("x", 4, 3, "hint", mistakes=[(4, "you counted the prompt blocks once per sample.")])
+    out = capsys.readouterr().out
+    assert out.startswith("[not yet] x: 4 is not it yet: you counted the prompt blocks once per sample.")
+    assert "3" not in out.replace("[not yet] x: 4", "")
+    assert check.report("x", 3, 3, mistakes=[(3, "never shown for a right answer")])
+    assert "never shown" not in capsys.readouterr().out
 
 
 def test_reveal_shows_the_answer_on_request(capsys):

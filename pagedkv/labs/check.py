@@ -69,7 +69,7 @@ def difference(got, expected, tolerance: float = 0.0, where: str = "") -> str | 
         if not isinstance(got, list):
             return f"{where or 'the answer'} should be a sequence of {len(expected)} values, not a {_kind(got)}"
         if len(got) != len(expected):
-            return f"{where or 'the answer'} has {len(got)} values; {len(expected)} are wanted"
+            return f"{where or 'the answer'} has {len(got)} values, not the number wanted"
         for i, (g, e) in enumerate(zip(got, expected)):
             problem = difference(g, e, tolerance, f"value {i + 1} of {where}" if where else f"value {i + 1}")
             if problem:
@@ -80,7 +80,7 @@ def difference(got, expected, tolerance: float = 0.0, where: str = "") -> str | 
             return f"{where or 'the answer'} should be a number, not a {_kind(got)}"
         if math.isclose(got, expected, rel_tol=tolerance, abs_tol=0.0 if tolerance else 1e-12):
             return None
-        return f"{where or 'the answer'} is too {'high' if got > expected else 'low'}"
+        return f"{where or 'the answer'} is not right"  # never "too high/low": five guesses would bisect it
     if got == expected:
         return None
     if isinstance(expected, Enum) and not isinstance(got, Enum):
@@ -114,12 +114,21 @@ def _blank(value) -> bool:
     return value is None or value is Ellipsis
 
 
-def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key: str | None = None) -> bool:
-    """Compare one answer with the expected value; print (or, grading, raise) the verdict. True when right."""
+def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key: str | None = None,
+           mistakes=()) -> bool:
+    """Compare one answer with the expected value; print (or, grading, raise) the verdict. True when right.
+
+    ``mistakes``: ``(wrong_answer, why)`` pairs; an answer equal to a known wrong one is told what went wrong in
+    the reasoning that leads there (``why``), which says more than "not right" and gives nothing away."""
     if _blank(got) or (isinstance(got, (list, tuple)) and any(_blank(g) for g in got)):
         _fail(f"{FAIL} {name}: no answer yet - replace the ... with your answer.", None)
         return False
     problem = difference(plain(got), plain(expected), tolerance)
+    why = next((why for wrong, why in mistakes if problem and difference(plain(got), plain(wrong), tolerance)
+                is None), None)
+    if why:
+        _fail(f"{FAIL} {name}: {got!r} is not it yet: {why}", key)
+        return False
     if problem:
         _fail(f"{FAIL} {name}: {got!r} is not it yet: {problem}." + (f" Hint: {hint}" if hint else ""), key)
         return False
@@ -184,7 +193,8 @@ def exercise(key: str, *answers) -> Checked:
     if ex.cases:
         return Checked(function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key))
     answer = answers[0] if len(answers) == 1 else tuple(answers)
-    return Checked(report(title, answer, ex.expected(), ex.hint, ex.tolerance, key))
+    mistakes = [(wrong(), why) for wrong, why in ex.mistakes]
+    return Checked(report(title, answer, ex.expected(), ex.hint, ex.tolerance, key, mistakes))
 
 
 def reveal(key: str) -> None:

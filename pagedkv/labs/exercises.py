@@ -7,7 +7,7 @@ what the code the notebook teaches does.  Function exercises list their test
 ``cases`` and a readable ``solution``, which ``check.reveal`` shows; where the
 package can answer a case on its own, ``reference`` replays it there instead.
 
-Hints point at the idea, never at the number.
+Hints point at the idea, never at the number; ``mistakes`` name the slip behind a known wrong answer.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ class Exercise:
     cases: tuple = ()  # function exercises: the argument tuples it is checked on
     reference: Callable | None = None  # function exercises: the package's own answer (default: ``solution``)
     tolerance: float = 0.0
+    # value exercises: (computes a known wrong answer, what was wrong in the reasoning that gives it), so a check
+    # can say what to rethink instead of "too high" or "too low"
+    mistakes: tuple = ()
 
     def __post_init__(self):
         if self.cases and self.reference is None:
@@ -42,12 +45,16 @@ def _tp4_blocks_per_gpu():
     return 40 * GiB // cache_block_bytes(shard, 16)
 
 
-def _fp8_requests_that_fit():
-    """Llama-3-8B with an fp8 KV cache, 5 GiB for it, blocks of 16: 2,048-token requests at once."""
-    from ..sizing import MODELS, GiB, blocks_needed, cache_block_bytes
+def _tp16_bytes_per_token():
+    """Llama-2-70B (8 KV heads) under tensor parallelism 16: a KV head cannot be split, so each GPU keeps the one
+    its 4 query heads use, and every KV head is kept on two GPUs (vLLM 0.33: ``ModelConfig.get_num_kv_heads`` in
+    ``vllm/config/model.py``, ``max(1, num_kv_heads // tensor_parallel_size)``). Bytes per token on one GPU, and
+    summed over the 16."""
+    from ..sizing import MODELS
 
-    blocks = 5 * GiB // cache_block_bytes(MODELS["llama-3-8b"].with_dtype("fp8"), 16)
-    return blocks // blocks_needed(2048, 16)
+    spec, tp = MODELS["llama-2-70b"], 16
+    shard = dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=max(1, spec.num_kv_heads // tp))
+    return shard.kv_bytes_per_token, tp * shard.kv_bytes_per_token
 
 
 def _mla_bytes_and_ratio():
@@ -108,35 +115,53 @@ def _child_append_copies():
     return manager.append_slots("c", range(4))
 
 
-def _three_way_fork_blocks():
+def _fork_of_a_fork():
+    """A (6 tokens, blocks [0, 1]) forked into B, B forked into C, B freed; then C appends, then A appends:
+    block 1's ref count before C's append, and the copies each append returns."""
     from ..manager import BlockSpaceManager
 
-    manager = BlockSpaceManager(4, 20)
-    manager.allocate(0, range(13))
-    for child in (1, 2):
-        manager.fork(0, child)
-    for seq in (0, 1, 2):
-        manager.append_slots(seq, [99])
-    return 20 - manager.num_free_gpu_blocks
+    manager = BlockSpaceManager(4, 10)
+    manager.allocate("A", range(6))
+    manager.fork("A", "B")
+    manager.fork("B", "C")
+    manager.free("B")
+    ref_count = manager.allocators["gpu"].refcount(1)
+    return ref_count, manager.append_slots("C", [6]), manager.append_slots("A", [7])
 
 
 # ------------------------------------------------------------ 04 beam search
-def _samples_after_first_write():
-    """n = 3 samples of a 6-token prompt, block size 4, on the tiny Llama: the prefill, then the first write."""
+def _whole_block_prompt():
+    """n = 3 samples of 6 tokens from an 8-token prompt (two full blocks), block size 4, on the tiny Llama: the
+    copy-on-write copies over the request, and its peak blocks (the engine's own ``peak_gpu_blocks``)."""
     from ..decoding import GroupDecoding, synthetic_prompt, tiny_engine
     from ..sampling import SamplingParams
 
-    group = GroupDecoding(tiny_engine(16, block_size=4, watermark=0.0), synthetic_prompt(6),
-                          SamplingParams(n=3, seed=0, max_tokens=4))
-    group.step()
-    stats = group.step()
-    return stats.blocks_in_use, stats.cow_copies
+    engine = tiny_engine(16, block_size=4, watermark=0.0)
+    group = GroupDecoding(engine, synthetic_prompt(8), SamplingParams(n=3, seed=0, max_tokens=6, ignore_eos=True))
+    result = group.run()
+    return sum(s.cow_copies for s in result.steps), engine.stats.peak_gpu_blocks
 
 
 def _parallel_savings_sharegpt_like():
-    from ..decoding import sharing_savings
+    """n = 4 samples of 336 tokens from a 160-token prompt, blocks of 16, no EOS, replayed on the block manager
+    as the engine drives it: the prompt allocated once and forked, then every step a slot for each sample's
+    previous token (the last sampled token is never written). The peak is counted where each step allocates,
+    as the engine's ``peak_gpu_blocks`` is; ``sharing_savings("parallel", 4, 160, 336)`` gives the same number
+    on the tiny Llama, slowly."""
+    from ..manager import BlockSpaceManager
+    from ..sizing import blocks_needed
 
-    return sharing_savings("parallel", 4, 160, 336, block_size=16)
+    n, prompt_len, output_len, block_size, pool = 4, 160, 336, 16, 256
+    manager = BlockSpaceManager(block_size, pool, watermark=0.0)
+    manager.allocate(0, range(prompt_len))
+    for sample in range(1, n):
+        manager.fork(0, sample)
+    peak = pool - manager.num_free_gpu_blocks
+    for token in range(output_len - 1):
+        for sample in range(n):
+            manager.append_slots(sample, [token])
+        peak = max(peak, pool - manager.num_free_gpu_blocks)
+    return 1 - peak / (n * blocks_needed(prompt_len + output_len - 1, block_size))
 
 
 def _pruned_beam():
@@ -158,13 +183,21 @@ def _pruned_beam():
 
 
 # --------------------------------------------------------- 05 prefix caching
-def _cached_tokens_of_b():
-    from ..manager import BlockSpaceManager
+def _blocks_named_alike():
+    """P = [1..12]; Q holds P's three blocks of tokens in the order 0, 2, 1: which of Q's blocks have a name
+    (a chained hash) that P's chain has too."""
+    from ..prefix import hash_block_tokens
 
-    manager = BlockSpaceManager(4, 10, watermark=0.0, enable_prefix_caching=True)
-    manager.allocate("A", range(1, 11))
-    manager.allocate("B", list(range(1, 9)) + [50, 51, 52, 53, 54])
-    return manager.num_cached_tokens("B")
+    def chain(blocks):
+        hashes, parent = [], None
+        for tokens in blocks:
+            parent = hash_block_tokens(parent, tokens)
+            hashes.append(parent)
+        return hashes
+
+    p_blocks = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    q_names = chain([p_blocks[0], p_blocks[2], p_blocks[1]])
+    return [i for i, name in enumerate(q_names) if name in set(chain(p_blocks))]
 
 
 def _blocks_of_a_returning_prefix():
@@ -193,6 +226,20 @@ def _lru_survivors():
 def _reserve_max_slots():
     max_len, prompt, output, produced = 2048, 100, 300, 50
     return prompt + produced, output - produced, max_len - (prompt + output)
+
+
+def _three_ledgers():
+    """A 100-token prompt, 300 tokens to produce, the 50th just produced: its slots under reserve_pow2 (a chunk
+    of the next power of two of the final length) and under paged (blocks of 16), filed as the simulator files
+    them: token states, reserved for the request's later tokens, never to be used."""
+    from ..sizing import blocks_needed
+
+    prompt, output, produced, block_size = 100, 300, 50, 16
+    tokens, final = prompt + produced, prompt + output
+    chunk = 1 << (final - 1).bit_length()
+    slots = blocks_needed(tokens, block_size) * block_size
+    paged_reserved = min(slots, final) - tokens  # empty slots it will still fill
+    return (tokens, final - tokens, chunk - final), (tokens, paged_reserved, slots - tokens - paged_reserved)
 
 
 def _pow2_never_used():
@@ -418,8 +465,10 @@ EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
                       hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
                            "for every layer."),
-    "01.E2": Exercise("2,048-token requests at once", expected=_fp8_requests_that_fit,
-                      hint="fp8 stores one byte a value; whole blocks first, then whole requests of blocks."),
+    "01.E2": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)", expected=_tp16_bytes_per_token,
+                      hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
+                           "attend with. How many query heads does a GPU have, and how many share one KV head? "
+                           "Then count how many GPUs hold each KV head."),
     "01.E3": Exercise("(MLA bytes per token, times fewer than MHA)", expected=_mla_bytes_and_ratio, tolerance=0.01,
                       hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
                            "and V for every head of every layer."),
@@ -434,22 +483,25 @@ EXERCISES: dict[str, Exercise] = {
     "03.E1": Exercise("copies", expected=_child_append_copies,
                       hint="only a shared block that is partly filled is copied before a write; where do the "
                            "tokens go after the copy is full?"),
-    "03.E2": Exercise("blocks in use", expected=_three_way_fork_blocks,
-                      hint="full prompt blocks stay shared; each sequence needs its own last block, but the last "
-                           "writer of a shared block finds its ref count back at 1."),
-    "04.E1": Exercise("(blocks in use, copy-on-write copies) after the first write",
-                      expected=_samples_after_first_write,
-                      hint="the full prompt block stays shared; three samples write into the half-full one: who "
-                           "must copy it, and who finds its ref count back at 1?"),
+    "03.E2": Exercise("(block 1's ref count before C's append, C's copies, A's copies)", expected=_fork_of_a_fork,
+                      hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
+                           "sequence drops one from each of its blocks. A write copies a partly filled block only "
+                           "while someone else still holds it, and the writer's reference moves to the copy."),
+    "04.E1": Exercise("(copy-on-write copies over the request, peak blocks in use)", expected=_whole_block_prompt,
+                      hint="a copy is made only when a sample writes into a shared block that has free slots: does "
+                           "this prompt leave one? For the peak, the last step allocates a slot for every sample's "
+                           "previous token; the token it samples last is never written."),
     "04.E2": Exercise("(blocks freed by pruning Y, blocks in use after the step)", expected=_pruned_beam,
                       hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
                            "both survivors write into a full block."),
     "04.E3": Exercise("savings", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
-                      hint="at the peak every sample has written all but its last token; the 10 prompt blocks are "
-                           "held once with sharing and 4 times without; each sample's output tokens start a "
-                           "fresh block."),
-    "05.E1": Exercise("cached tokens of B", expected=_cached_tokens_of_b,
-                      hint="only full blocks have names, and a block's name covers every token before it."),
+                      hint="find the step with the most blocks, and count the tokens each sample has a slot for "
+                           "then (is the last sampled token ever written?). With sharing, the prompt's full blocks "
+                           "are held once; without, once per sample. Does a sample's first output token start a "
+                           "block of its own, or share one with the prompt?"),
+    "05.E1": Exercise("Q's blocks named as one of P's", expected=_blocks_named_alike,
+                      hint="a block's name hashes its parent's name together with its own tokens: two blocks with "
+                           "the same tokens get the same name only if everything before them is the same too."),
     "05.E2": Exercise("the new request's blocks", expected=_blocks_of_a_returning_prefix,
                       hint="a full block keeps its name when freed; the rest of a new table comes from the free "
                            "queue's head, and the queue got the freed blocks last block first."),
@@ -460,6 +512,10 @@ EXERCISES: dict[str, Exercise] = {
                       hint="tokens so far; tokens still to come; the rest of the 2,048-slot chunk."),
     "06.E2": Exercise("mean fraction never used", expected=_pow2_never_used, tolerance=0.005,
                       hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
+    "06.E3": Exercise("((pow2 tokens, reserved, never), (paged tokens, reserved, never))", expected=_three_ledgers,
+                      hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
+                           "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
+                           "a later token of this request will land in it, never used if none will."),
     "07.E1": Exercise("lane_work", solution=lane_work, reference=_kernel_lane_work,
                       cases=((0, 16, 16), (5, 16, 16), (31, 16, 16), (13, 8, 32), (7, 32, 32), (3, 64, 32),
                              (9, 1, 64), (30, 4, 8)),
