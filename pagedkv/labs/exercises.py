@@ -537,7 +537,9 @@ EXERCISES: dict[str, Exercise] = {
                            "evict? Then count the free blocks E would need beside its hits."),
     "08.E2": Exercise("(v1 blocks in use, v0 blocks in use)", expected=_fan_out_vs_fork,
                       hint="v1: each extra sample hits every full block and needs one private block for its partly "
-                           "filled last one; v0: a fork shares every block, the partly filled one too, until a write."),
+                           "filled last one; v0: a fork shares every block, the partly filled one too, until a write.",
+                      mistakes=((lambda: (7, 7), "the forks were given private last blocks: in v0 they share the "
+                                                 "partly filled block too, until one of them writes."),)),
     "09.E1": Exercise("(victim, still running)", expected=_preemption_replay,
                       hint="the most recently *arrived* running request goes first; walk the others oldest first, "
                            "each freed block serving one of them."),
@@ -547,7 +549,9 @@ EXERCISES: dict[str, Exercise] = {
                            "for the number of blocks first, then turn blocks into a block size."),
     "09.E3": Exercise("(v0 swaps in first, v0's next victim, pagedkv's next victim)", expected=_v0_swap_queue_order,
                       hint="v0's swapped queue is first out, first in; each request it brings back joins the tail of "
-                           "running, and the victim is whoever is at that tail. pagedkv sorts running by arrival."),
+                           "running, and the victim is whoever is at that tail. pagedkv sorts running by arrival.",
+                      mistakes=((lambda: ("r1", "r2", "r2"), "that is arrival order; v0 keeps its swapped queue in the "
+                                                             "order the requests left, first out, first in."),)),
     "10.E1": Exercise("cached prompt tokens", expected=_cached_prompt_tokens,
                       hint="count the full blocks made only of the shared 45 bytes."),
     "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,
@@ -558,5 +562,7 @@ EXERCISES: dict[str, Exercise] = {
     "11.E2": Exercise("(prompt tokens computed, blocks held)", expected=_fan_out_on_a_capped_hit,
                       hint="the first child caches its full blocks as it allocates them; the others hit them, but a "
                            "hit is capped at num_tokens - 1, rounded down to whole blocks, and what is not hit is "
-                           "computed into blocks of their own."),
+                           "computed into blocks of their own.",
+                      mistakes=((lambda: (32, 2), "the later children cannot hit the whole prompt: a hit stops "
+                                                  "at num_tokens - 1 tokens, in whole blocks."),)),
 }
