@@ -27,13 +27,14 @@ LAB_STAMP := $(VENV)/.pagedkv-lab
 VIZ_STAMP := $(VENV)/.pagedkv-viz
 GRADE_STAMP := $(VENV)/.pagedkv-grade
 STAMP := $(VENV)/.pagedkv-dev
-# nbgrader (instructors): the course folder, and the assignment the eleven notebooks form in it.
-COURSE ?= course
+# nbgrader (instructors): the grading folder (not course/, which holds the reading copies), and the assignment the
+# twelve notebooks form in it.
+COURSE ?= grading
 ASSIGNMENT ?= pagedkv
 # nbgrader runs in the course folder with the venv's bin/ first on PATH: it calls its `alembic` by name.
 NBGRADER = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(PY))" -m nbgrader
 
-.PHONY: lab labs test lint figures bench visualizer clean course release autograde feedback
+.PHONY: lab labs test lint figures bench visualizer clean grading release autograde feedback
 
 define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,13 +72,13 @@ lab: $(LAB_STAMP)
 	test -d labs || $(PY) -m pagedkv labs --out labs/
 	$(VENV)/bin/jupyter lab labs/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Grading with nbgrader (notebooks/README.md): the course folder, made once, never overwritten.
-course: $(GRADE_STAMP)
+# Grading with nbgrader (notebooks/README.md): the grading folder, made once, never overwritten.
+grading: $(GRADE_STAMP)
 	test -f "$(COURSE)/nbgrader_config.py" || { mkdir -p "$(COURSE)/source/$(ASSIGNMENT)" && \
 		cp notebooks/nbgrader_config.py "$(COURSE)/" && cp notebooks/[0-9][0-9]_*.ipynb "$(COURSE)/source/$(ASSIGNMENT)/"; }
 
 # NBGRADER_ARGS: more arguments, e.g. --force (release again) or --student <id> (autograde one student).
-release: course
+release: grading
 	$(NBGRADER) generate_assignment $(ASSIGNMENT) $(NBGRADER_ARGS)
 
 autograde: $(GRADE_STAMP)

@@ -1,4 +1,5 @@
-"""Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | visualize``."""
+"""Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | reading [--out course/]
+| visualize``."""
 
 from __future__ import annotations
 
@@ -131,6 +132,10 @@ def main(argv=None) -> int:
     lab = commands.add_parser("labs", help="write the students' exercise notebooks from the solution notebooks")
     lab.add_argument("--out", default="labs/", help="output folder (default: labs/)")
     lab.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
+    read = commands.add_parser("reading", help="write the reading copies (outputs kept, answers removed) that "
+                                               "README.md's course table links")
+    read.add_argument("--out", default="course/", help="output folder (default: course/)")
+    read.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
     viz = commands.add_parser("visualize", help="serve the block-table visualizer as a web app (Voila) on 127.0.0.1")
     viz.add_argument("--port", type=tcp_port, default=8866, help="port on 127.0.0.1, 1-65535 (default: 8866)")
     viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
@@ -141,6 +146,11 @@ def main(argv=None) -> int:
         return info()
     if args.command == "labs":
         return labs(args.notebooks, args.out)
+    if args.command == "reading":
+        from pagedkv.labs.generate import generate_reading_copies
+
+        print(f"wrote {len(generate_reading_copies(args.notebooks, args.out))} reading copies to {args.out}")
+        return 0
     return figures(args.out)
 
 

@@ -95,3 +95,21 @@ def test_the_shipped_estimate_is_what_the_report_measures_now():
                    if (row["flavour"], row["kernel"], row["gqa"]) == ("vllm-gqa", "v1", 4))
     assert fresh == shipped, "re-run: python -m pagedkv.kernels.static_report --cc 9.0 --head-size 128 " \
                              "--kernel v1 v2 --gqa 1 4 --json pagedkv/data/static_estimates.json"
+
+
+def test_chunk_reads_follow_the_causal_offset_and_the_window():
+    # two sequences: a chunk of 3 rows ending a 7-token sequence, and a decode of a 5-token one
+    cu, lens, tables = [0, 3, 4], [7, 5], [[4, 9], [2, 6]]
+    rows = kf.chunk_reads(cu, lens)
+    assert [r["position"] for r in rows] == [4, 5, 6, 4]
+    assert [len(r["keys"]) for r in rows] == [5, 6, 7, 5]
+    windowed = kf.chunk_reads(cu, lens, sliding_window=3)
+    assert [(r["keys"][0], r["keys"][-1]) for r in windowed] == [(2, 4), (3, 5), (4, 6), (2, 4)]
+    # the same rows from a dense causal mask with an offset, built independently in torch
+    q_len, seq_len = 3, 7
+    mask = torch.ones(q_len, seq_len, dtype=torch.bool).tril(diagonal=seq_len - q_len)
+    assert mask.sum(1).tolist() == [len(r["keys"]) for r in rows[:3]]
+    text = kf.chunk_reads_text(cu, lens, tables, block_size=4, sliding_window=3)
+    assert "row  0 (seq 0, position  4): keys  2-4  ( 3) in pages [4, 9]" in text
+    assert "key positions read in all: 12" in text
+    assert kf.chunk_reads_figure(cu, lens, tables, 4).patches

@@ -233,3 +233,25 @@ def test_the_sanitize_file_drops_the_simulator_notice():
     patterns = dict(get_sanitize_patterns((NOTEBOOKS / "sanitize.cfg").read_text()))
     notice = "pagedkv: no CUDA GPU (no NVIDIA driver found); numba.cuda kernels run in numba's CUDA simulator.\n"
     assert any(re.sub(regex, replace, f"a\n{notice}b\n") == "a\nb\n" for regex, replace in patterns.items())
+
+
+def test_the_reading_copies_are_current_and_hold_no_answer():
+    """README's course table links course/: the solution notebooks with their outputs, less every answer
+    (regenerate with ``python -m pagedkv reading``)."""
+    import json
+    from pathlib import Path
+
+    from pagedkv.labs.generate import make_reading_copy
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        expected = make_reading_copy(json.loads(path.read_text()), path.name)
+        stored = json.loads((root / "course" / path.name).read_text())
+        assert stored == expected, f"course/{path.name} is stale: run python -m pagedkv reading"
+        solution = json.loads(path.read_text())
+        text = json.dumps(stored)
+        assert "BEGIN SOLUTION" not in text
+        graded = {c["id"] for c in solution["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+        assert all(not c.get("outputs") for c in stored["cells"] if c["id"] in graded)
+        shown = sum(bool(c.get("outputs")) for c in stored["cells"])
+        assert shown >= sum(bool(c.get("outputs")) for c in solution["cells"]) - 12  # figures and text stay

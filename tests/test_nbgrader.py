@@ -37,10 +37,10 @@ WRONG = {
     "05": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
     "06": ("e2_never = 1 - (513 + 1024) / 2 / 1024", "e2_never = (1024 - 513) / 1024"),  # the worst case
     "07": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
-    "08": ("e2_table = [3, 4]", "e2_table = [2, 3]"),  # forgot the copy-on-write
+    "08": ("e2 = (7, 4)", "e2 = (7, 7)"),  # forgot that forks share the partly filled block too
     "09": ('e1_victim = "q2"', 'e1_victim = "q4"'),  # the oldest instead of the newest
     "10": ("e2_peak_blocks = 6", "e2_peak_blocks = 7"),  # the last sampled token's K/V is never written
-    "11": ("e1_steps = 5", "e1_steps = 4"),  # forgot that the decodes take their tokens first
+    "11": ("e1_step = 9", "e1_step = 8"),  # forgot that A's last chunk comes before B's turn
     "12": ("e1 = (248, 65)", "e1 = (249, 64)"),  # nulled the block that holds the window's first position
 }
 

@@ -227,8 +227,9 @@ HEADER = ("sm     flavour  kernel head gqa regs spills  smem B lmem  occup. cach
           "per thread -> warp instructions per (query head, token), lower bound")
 
 # The issue-rate model behind the HBM estimate (an H100 SXM5; NVIDIA's H100 datasheet and whitepaper):
-# 132 SMs x 4 warp schedulers, each issuing one warp instruction per clock at 1.755 GHz, against 3.35 TB/s of HBM3.
-H100_WARP_INSTRUCTIONS_PER_S = 132 * 4 * 1.755e9
+# 132 SMs x 4 warp schedulers, each issuing one warp instruction per clock at the 1.98 GHz boost clock, against
+# 3.35 TB/s of HBM3 (1.755 GHz is the PCIe card's boost clock, and that card has 114 SMs and 2 TB/s).
+H100_WARP_INSTRUCTIONS_PER_S = 132 * 4 * 1.98e9
 H100_HBM_BYTES_PER_S = 3.35e12
 
 

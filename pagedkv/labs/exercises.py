@@ -271,36 +271,78 @@ def _kernel_lane_work(lane, block_size, num_words):
     return kernel_lane_work(lane, block_size, num_words)
 
 
-def _grids():
-    """vllm's v1 grid (a thread block per query head) and vllm-gqa's v2 grid (one per KV head and partition)."""
-    from ..kernels.cuda import PARTITION_SIZE
+def merge(m_a, s_a, o_a, m_b, s_b, o_b):
+    """Two partial softmax summaries (max logit, sum of exp(logit - max), normalised output) merged into one: the
+    v2 reduce kernel's combination, and one step of an online softmax (vLLM 0.33: ``merge_attn_states``)."""
+    import math
 
-    num_seqs, num_heads, num_kv_heads, longest = 8, 32, 8, 2000
-    return (num_heads, num_seqs), (num_kv_heads, num_seqs, -(-longest // PARTITION_SIZE))
+    m = max(m_a, m_b)
+    w_a, w_b = s_a * math.exp(m_a - m), s_b * math.exp(m_b - m)  # each part's sum, rescaled to the new max
+    return m, w_a + w_b, (w_a * o_a + w_b * o_b) / (w_a + w_b)
+
+
+def _chunk_keys_read():
+    """A 40-token sequence whose last 12 tokens are this step's chunk: key positions its rows read in all, causal,
+    then with a sliding window of 30 (the rule of ``kernel_figures.chunk_reads``)."""
+    from ..viz.kernel_figures import chunk_reads
+
+    return tuple(sum(len(r["keys"]) for r in chunk_reads([0, 12], [40], window)) for window in (None, 30))
 
 
 # -------------------------------------------------------------- 08 visualizer
-def _scenario_free_a():
-    """Notebook 08's seven-step scenario, then C and A freed: the GPU blocks that join the free queue, in order."""
-    from ..viz.replay import replay_all
-
-    scenario = replay_all()
-    before = scenario.manager.free_block_ids()
-    scenario.free("C")
-    scenario.free("A")
-    return scenario.manager.free_block_ids()[len(before):]
+SYSTEM_08 = list(range(100, 108))  # notebook 08's 8-token system prompt
 
 
-def _forked_table():
-    from ..viz.visualizer import BlockTableVisualizer
+def _admit(kv, request_id, prompt):
+    """Notebook 08's ``admit``: a prefix-cache lookup, then slots for the rest; None when it does not fit."""
+    from ..v1.scheduler import Request
 
-    v = BlockTableVisualizer(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0)
-    v.add_sequence(6)
-    v.add_sequence(3)
-    child = v.fork("B")
-    v.free("A")
-    v.append(child, 2)
-    return v.manager.get_block_table(child)
+    request = Request(request_id, prompt, max_tokens=8)
+    hits, num_cached = kv.get_computed_blocks(request)
+    if kv.allocate_slots(request, request.num_tokens - num_cached, num_cached, hits) is None:
+        return None, num_cached
+    return request, num_cached
+
+
+def _scenario_08(until_step: int):
+    """Notebook 08's section 3 on a fresh v1 manager, through step ``until_step``; returns (manager, requests)."""
+    from ..v1 import KVCacheManager
+
+    kv, reqs = KVCacheManager(block_size=4, num_gpu_blocks=10), {}
+    steps = [lambda: reqs.update(A=_admit(kv, "A", SYSTEM_08 + [1, 2])[0]),
+             lambda: reqs.update(B=_admit(kv, "B", SYSTEM_08 + [3, 4, 5])[0]),
+             lambda: kv.free(reqs["A"]),
+             lambda: kv.free(reqs["B"]),
+             lambda: reqs.update(C=_admit(kv, "C", SYSTEM_08 + [6, 7, 8, 9, 10])[0]),
+             lambda: reqs.update(C2=_admit(kv, "C2", SYSTEM_08 + [6, 7, 8, 9, 10])[0]),
+             lambda: (kv.free(reqs["C"]), kv.free(reqs["C2"]),
+                      reqs.update(D=_admit(kv, "D", list(range(200, 232)))[0]))]
+    for step in steps[:until_step]:
+        step()
+    return kv, reqs
+
+
+def _returning_prefix():
+    """After notebook 08's step 7, E (the system prompt and C's 5 tokens): tokens the cache finds, and whether
+    it is admitted."""
+    kv, _ = _scenario_08(7)
+    request, num_cached = _admit(kv, "E", SYSTEM_08 + [6, 7, 8, 9, 10])
+    return num_cached, request is not None
+
+
+def _fan_out_vs_fork():
+    """After notebook 08's step 5: blocks in use once C's 3 extra samples are admitted (v1), and blocks in use
+    when 4 forks of C's 13-token prompt share it after the prefill (v0)."""
+    from ..manager import BlockSpaceManager
+
+    kv, _ = _scenario_08(5)
+    for i in range(3):
+        _admit(kv, f"C{i + 2}", SYSTEM_08 + [6, 7, 8, 9, 10])
+    v0 = BlockSpaceManager(4, 10, watermark=0.0)
+    v0.allocate("C", SYSTEM_08 + [6, 7, 8, 9, 10])
+    for i in range(3):
+        v0.fork("C", f"C{i + 2}")
+    return kv.num_gpu_blocks - kv.num_free_blocks, 10 - v0.num_free_gpu_blocks
 
 
 # --------------------------------------------------------------- 09 scheduler
@@ -325,6 +367,28 @@ def _swap_crossover_block_size():
 
     cost = CostModel()
     return next(b for b in (2 ** i for i in range(12)) if 2 * cost.swap_ms(500, b) < cost.recompute_ms(500))
+
+
+def _v0_swap_queue_order():
+    """Notebook 09's swap run (section 5) with vLLM 0.6.3's queue order (``core/scheduler.py``): ``swapped`` in
+    the order requests were swapped out (``self.swapped.extend``), swapped in from its head, each appended to the
+    tail of ``running`` (``_schedule_default``). Who was swapped out, and when, comes from pagedkv's own run."""
+    from ..manager import BlockSpaceManager
+    from ..scheduler import Scheduler
+
+    manager = BlockSpaceManager(block_size=2, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
+    scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode="swap")
+    arrival = ["r0", "r1", "r2"]
+    for name in arrival:
+        scheduler.add_request(name, [7, 7], max_tokens=6)
+    swapped_out = []  # in the order they left
+    while len(swapped_out) < 2:
+        out = scheduler.schedule()
+        swapped_out += out.preempted
+        scheduler.update(out, {r: 1 for r in out.scheduled})
+    v0_running = [r for r in arrival if r not in swapped_out] + swapped_out  # swapped back in, head first
+    pagedkv_running = arrival  # sorted by arrival
+    return swapped_out[0], v0_running[-1], pagedkv_running[-1]
 
 
 # -------------------------------------------------------------- 10 tiny vLLM
@@ -361,38 +425,41 @@ def _peak_blocks_alone():
 
 
 # ------------------------------------------------------------ 11 vLLM today
-def _steps_to_first_token():
-    """v1, budget 256: 8 requests decoding, then a 1,000-token prompt arrives. Steps until its first token."""
+def _second_prompt_first_token_step():
+    """v1, budget 256: 8 requests decoding; prompt A (1,000 tokens) first scheduled in step 1, prompt B (1,000)
+    added right after step 1. The step (counting from 1) in which B samples its first token."""
     from ..v1 import KVCacheManager, Scheduler
 
     s = Scheduler(KVCacheManager(16, 512), max_num_batched_tokens=256)
     for i in range(8):
-        s.add_request(i, [1, 2, 3], 50)
-    out = s.schedule()
+        s.add_request(i, [1, 2, 3], 500)
+    out = s.schedule()  # the eight short prompts
     s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
-    s.add_request("long", list(range(1000)), 1)
-    steps = 0
-    while "long" in s.requests:
+    s.add_request("A", list(range(1000)), 1)
+    step = 0
+    while True:
+        step += 1
         out = s.schedule()
-        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
-        steps += 1
-    return steps
+        sampled = s.sampling_request_ids(out)
+        s.update_from_output(out, {r: 5 for r in sampled})
+        if step == 1:
+            s.add_request("B", list(range(1000, 2000)), 1)
+        if "B" in sampled:
+            return step
 
 
-def _tokens_run_on_a_full_hit():
-    """A 32-token prompt, block 16, fully cached: tokens the model runs on in v1, and in this course's v0."""
-    from ..manager import BlockSpaceManager
-    from ..v1 import KVCacheManager, Scheduler
+def _fan_out_on_a_capped_hit():
+    """v1, block 16, a 32-token prompt with n=3 on a fresh engine: prompt tokens computed in the first step, and
+    blocks held after it."""
+    from ..engine import LLMEngine
+    from ..sampling import SamplingParams
 
-    s = Scheduler(KVCacheManager(16, 8))
-    for name in ("first", "again"):
-        s.add_request(name, list(range(32)), 1)
-        out = s.schedule()
-        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
-    v0 = BlockSpaceManager(16, 8, watermark=0.0, enable_prefix_caching=True)
-    v0.allocate("first", range(32))
-    v0.allocate("again", range(32))
-    return out.num_scheduled_tokens["again"], 32 - min(v0.num_cached_tokens("again"), 31)
+    model, _ = _tiny()
+    engine = LLMEngine(model, version="v1", num_gpu_blocks=16, block_size=16)
+    engine.add_request("r", list(range(32)), SamplingParams(n=3, seed=0, max_tokens=2))
+    engine.step()
+    return engine.stats.num_computed_tokens, engine.snapshot().num_used()
+
 
 
 # ------------------------------------------------------------ 12 hybrid KV caches
@@ -497,31 +564,49 @@ EXERCISES: dict[str, Exercise] = {
                       hint="first find the group size, the group (lane // group size) and the rank in the group; "
                            "a group's tokens step by the number of groups in a warp, a rank's words by the group "
                            "size."),
-    "07.E2": Exercise("(vllm v1 grid, vllm-gqa v2 grid)", expected=_grids,
-                      hint="x is the query head for vllm but the KV head for vllm-gqa; y the sequence; z (v2 only) "
-                           "the partition of 512 tokens."),
-    "08.E1": Exercise("blocks freed by free('C') then free('A'), in queue order", expected=_scenario_free_a,
-                      hint="a block returns to the queue only when its ref count reaches 0, and a table is freed "
-                           "from its last block; which of C's blocks does A still hold?"),
-    "08.E2": Exercise("C's table", expected=_forked_table,
-                      hint="A's blocks rejoin at the queue's tail; C's first write goes to a shared, partly filled "
-                           "block."),
+    "07.E2": Exercise("merge", solution=merge,
+                      cases=((1.0, 2.0, 0.5, 3.0, 1.0, -1.0), (0.0, 1.0, 2.0, 0.0, 3.0, 4.0),
+                             (800.0, 1.5, 0.25, 790.0, 4.0, 2.0), (-2.0, 5.0, 1.0, 2.5, 0.5, -3.0),
+                             (3.0, 2.0, 0.0, -40.0, 7.0, 10.0)),
+                      hint="bring both sums to the larger of the two maxima before adding them (exp of a difference, "
+                           "never of a logit alone); the merged output is each part's output weighted by its share "
+                           "of the merged sum."),
+    "07.E3": Exercise("(keys read, causal; keys read, window 30)", expected=_chunk_keys_read,
+                      hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "
+                           "position; a window keeps only the last W of those."),
+    "08.E1": Exercise("(tokens from the cache, admitted)", expected=_returning_prefix,
+                      hint="a hit needs every block before it cached too; which of C's full blocks did D's allocation "
+                           "evict? Then count the free blocks E would need beside its hits."),
+    "08.E2": Exercise("(v1 blocks in use, v0 blocks in use)", expected=_fan_out_vs_fork,
+                      hint="v1: each extra sample hits every full block and needs one private block for its partly "
+                           "filled last one; v0: a fork shares every block, the partly filled one too, until a write.",
+                      mistakes=((lambda: (7, 7), "the forks were given private last blocks: in v0 they share the "
+                                                 "partly filled block too, until one of them writes."),)),
     "09.E1": Exercise("(victim, still running)", expected=_preemption_replay,
                       hint="the most recently *arrived* running request goes first; walk the others oldest first, "
                            "each freed block serving one of them."),
     "09.E2": Exercise("crossover block size", expected=_swap_crossover_block_size,
                       hint="recompute's cost does not depend on the block size; a swap pays the bytes once and a "
-                           "fixed overhead per copy, per block, layer, K and V, and it goes out and back in."),
+                           "fixed overhead per copy, per block, layer, K and V, and it goes out and back in: solve "
+                           "for the number of blocks first, then turn blocks into a block size."),
+    "09.E3": Exercise("(v0 swaps in first, v0's next victim, pagedkv's next victim)", expected=_v0_swap_queue_order,
+                      hint="v0's swapped queue is first out, first in; each request it brings back joins the tail of "
+                           "running, and the victim is whoever is at that tail. pagedkv sorts running by arrival.",
+                      mistakes=((lambda: ("r1", "r2", "r2"), "that is arrival order; v0 keeps its swapped queue in the "
+                                                             "order the requests left, first out, first in."),)),
     "10.E1": Exercise("cached prompt tokens", expected=_cached_prompt_tokens,
                       hint="count the full blocks made only of the shared 45 bytes."),
     "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,
                       hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
-    "11.E1": Exercise("steps to the first token", expected=_steps_to_first_token,
-                      hint="running requests go first: the eight decodes take 8 tokens of every step's budget; the "
-                           "prompt gets the rest, chunk after chunk, and samples in the step its chunk ends it."),
-    "11.E2": Exercise("(tokens run in v1, tokens run in v0)", expected=_tokens_run_on_a_full_hit,
-                      hint="v1 caps a hit at num_tokens - 1 and rounds down to whole blocks; v0 here reuses every "
-                           "cached block and runs only the last token."),
+    "11.E1": Exercise("the step in which B samples its first token", expected=_second_prompt_first_token_step,
+                      hint="running requests go first, in the order they were admitted, so A's chunks come before B "
+                           "gets anything; once A has sampled it is one more decode, one token a step."),
+    "11.E2": Exercise("(prompt tokens computed, blocks held)", expected=_fan_out_on_a_capped_hit,
+                      hint="the first child caches its full blocks as it allocates them; the others hit them, but a "
+                           "hit is capped at num_tokens - 1, rounded down to whole blocks, and what is not hit is "
+                           "computed into blocks of their own.",
+                      mistakes=((lambda: (32, 2), "the later children cannot hit the whole prompt: a hit stops "
+                                                  "at num_tokens - 1 tokens, in whole blocks."),)),
     "12.E1": Exercise("(null entries, real blocks) of the sliding group", expected=_sliding_group_at_5000,
                       hint="the next token at position 5,000 sees positions 3,977..5,000; only blocks that end before "
                            "the window's first position are null; the table covers every position up to 5,000.",

@@ -107,3 +107,59 @@ def generate_labs(notebooks="notebooks/", out="labs/") -> list[Path]:
         target.write_text(json.dumps(exercise, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         written.append(target)
     return written
+
+
+READING_HEADER = """# Notebook {number}, as a student reads it
+
+This is the **reading copy** of `{name}`, the one the course table links: every explanation, figure and stored
+output is here, and the answers are not. Exercise cells say `TODO`, and the cells that check or reveal a
+prediction show no output. To work it, clone the repository and run `make lab`: the same notebook, runnable,
+in `labs/`. Instructors find the solutions in `notebooks/`.
+"""
+
+
+def _answer_names(notebook: dict) -> set[str]:
+    """Every name a solution region assigns (``p1``, ``e2_grids``, ...): a cell using one shows an answer."""
+    names = set()
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for match in REGION.finditer(source):
+            if not match.group("indent"):
+                names.update(ASSIGNED.findall(match.group("body")))
+    return names
+
+
+def make_reading_copy(notebook: dict, name: str) -> dict:
+    """The copy a student reads on GitHub: outputs kept, answers gone (solution regions stubbed; no output under
+    a cell that holds an answer, checks one, or prints a prediction's verdict)."""
+    answers = _answer_names(notebook)
+    uses_answer = re.compile(r"\b(" + "|".join(map(re.escape, sorted(answers))) + r")\b") if answers else None
+    cells = [{"cell_type": "markdown", "id": "reading-header", "metadata": {},
+              "source": READING_HEADER.format(number=name.split("_", 1)[0], name=name).splitlines(keepends=True)}]
+    for index, cell in enumerate(notebook["cells"]):
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        new = {"cell_type": cell["cell_type"], "id": cell.get("id", f"cell-{index}"),
+               "metadata": {k: v for k, v in cell.get("metadata", {}).items() if k != "nbgrader"}}
+        if cell["cell_type"] == "code":
+            shows_answer = bool(REGION.search(source)) or cell.get("metadata", {}).get("nbgrader", {}).get("grade") \
+                or (uses_answer is not None and uses_answer.search(REGION.sub("", source)))
+            new.update(execution_count=None, outputs=[] if shows_answer else cell.get("outputs", []))
+            source = strip_solutions(source)
+        new["source"] = source.splitlines(keepends=True)
+        cells.append(new)
+    metadata = {k: v for k, v in notebook.get("metadata", {}).items() if k != "widgets"}
+    return {"cells": cells, "metadata": metadata, "nbformat": notebook.get("nbformat", 4),
+            "nbformat_minor": notebook.get("nbformat_minor", 5)}
+
+
+def generate_reading_copies(notebooks="notebooks/", out="course/") -> list[Path]:
+    """Write the reading copy of every solution notebook to ``out`` (the course table in README.md links them)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in sorted(Path(notebooks).glob("[0-9][0-9]_*.ipynb")):
+        copy = make_reading_copy(json.loads(path.read_text(encoding="utf-8")), path.name)
+        target = out / path.name
+        target.write_text(json.dumps(copy, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        written.append(target)
+    return written

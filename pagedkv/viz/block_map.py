@@ -219,8 +219,10 @@ def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1):
 
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
-                      ncol: int = 2, null: bool = False):
-    """A key under the figure for every mark a block map uses (and the optional outlines given); returns it."""
+                      ncol: int = 2, null: bool = False, sequences: dict | None = None):
+    """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
+    (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
+    ends with it shows no legend object; the key is ``fig.legends[-1]``."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -238,18 +240,22 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
         handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash (bottom)")]
     if null:
         handles += [Patch(facecolor=NULL, edgecolor=EDGE, label="null block: stands for a block that left the window")]
+    if sequences:
+        handles += [Patch(facecolor=color, edgecolor=EDGE, label=f"seq {seq_name(seq)}")
+                    for seq, color in sequences.items()]
     if highlight:
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:
         handles.append(Patch(facecolor="none", edgecolor=SOURCE, linewidth=2, label=source))
-    return fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False, handlelength=1.4,
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False, handlelength=1.4,
                       bbox_to_anchor=(0.5, -0.02))
 
 
 def key_below(fig, **key_options):
     """``add_block_map_key``, with the figure's axes laid out above it, so the key covers no tick label or block
     table (``tight_layout`` keeping the key's height free). Returns the key."""
-    key = add_block_map_key(fig, **key_options)
+    add_block_map_key(fig, **key_options)
+    key = fig.legends[-1]
     height = key.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
     fig.tight_layout(rect=(0, height, 1, 1))
     return key

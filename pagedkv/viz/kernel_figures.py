@@ -316,7 +316,7 @@ def static_estimates_figure(rows: list[dict]):
     intensity = np.logspace(-1, 1.5, 200)  # bytes per warp instruction
     roof = np.minimum(intensity * H100_WARP_INSTRUCTIONS_PER_S, H100_HBM_BYTES_PER_S) / 1e12
     ax.plot(intensity, roof, color="#333333")
-    ax.text(0.12, 0.16, "issue-bound:\n0.93e12 warp instr/s x bytes/instr", fontsize=8.5, rotation=0)
+    ax.text(0.12, 0.16, "issue-bound:\n1.05e12 warp instr/s x bytes/instr", fontsize=8.5, rotation=0)
     ax.text(0.12, 3.9, "H100 HBM3: 3.35 TB/s (memory-bound)", fontsize=8.5)
     ax.set_ylim(0.07, 7)
     markers = {"tree": "o", "vllm": "s", "vllm-gqa": "D"}
@@ -337,3 +337,82 @@ def static_estimates_figure(rows: list[dict]):
     ax.legend(fontsize=8.5, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ a chunk of queries
+
+
+def chunk_reads(cu_seqlens_q, seq_lens, sliding_window: int | None = None) -> list[dict]:
+    """Per query row of a flat batch: its sequence, its position, and the key positions it attends.
+
+    The rule of the kernel over query chunks (vLLM 0.33: ``kernel_unified_attention`` in
+    ``vllm/v1/attention/ops/triton_unified_attention.py``): a sequence's rows are its *last* ``q_len`` tokens, so
+    ``context_len = seq_len - q_len`` and row ``i`` sits at position ``context_len + i``; it attends keys
+    ``j <= position``, and with a window only ``j > position - sliding_window``.
+    """
+    rows = []
+    for s in range(len(seq_lens)):
+        start, end = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
+        context_len = int(seq_lens[s]) - (end - start)
+        for i in range(end - start):
+            position = context_len + i
+            first = 0 if sliding_window is None else max(0, position - sliding_window + 1)
+            rows.append({"row": start + i, "seq": s, "position": position, "keys": range(first, position + 1)})
+    return rows
+
+
+def chunk_reads_text(cu_seqlens_q, seq_lens, block_tables, block_size: int, sliding_window=None) -> str:
+    """Each query row's position, the keys it reads and the pages (physical blocks) they sit in."""
+    rows = chunk_reads(cu_seqlens_q, seq_lens, sliding_window)
+    window = f", sliding window {sliding_window}" if sliding_window else ""
+    lines = [f"{len(rows)} query rows, cu_seqlens_q {[int(x) for x in cu_seqlens_q]}, "
+             f"seq_lens {[int(x) for x in seq_lens]}{window}:"]
+    for r in rows:
+        keys = r["keys"]
+        pages = sorted({int(block_tables[r["seq"]][j // block_size]) for j in keys},
+                       key=lambda p: list(map(int, block_tables[r["seq"]])).index(p))
+        lines.append(f"  row {r['row']:>2} (seq {r['seq']}, position {r['position']:>2}): keys {keys[0]:>2}-"
+                     f"{keys[-1]:<2} ({len(keys):>2}) in pages {pages}")
+    lines.append(f"key positions read in all: {sum(len(r['keys']) for r in rows)}")
+    return "\n".join(lines)
+
+
+def chunk_reads_figure(cu_seqlens_q, seq_lens, block_tables, block_size: int, sliding_window=None, ax=None):
+    """Query rows (down) against key positions (across): a cell a row reads is coloured by the page it sits in,
+    a key of the sequence the mask cuts is hatched; dots mark each row's own position."""
+    rows = chunk_reads(cu_seqlens_q, seq_lens, sliding_window)
+    width = int(max(seq_lens))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.42 * width + 2.6, 0.42 * len(rows) + 1.4))
+    pages_seen = {}
+    for y, r in enumerate(rows):
+        table = [int(b) for b in block_tables[r["seq"]]]
+        for j in range(int(seq_lens[r["seq"]])):
+            page = table[j // block_size]
+            if j in r["keys"]:
+                color = PALETTE[page % len(PALETTE)]
+                pages_seen[page] = color
+                ax.add_patch(Rectangle((j, y), 1, 1, facecolor=color, edgecolor="white", linewidth=0.8))
+            else:
+                ax.add_patch(Rectangle((j, y), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///",
+                                       linewidth=0.5))
+        ax.plot(r["position"] + 0.5, y + 0.5, "o", color="black", markersize=3)
+    for s in range(1, len(seq_lens)):  # sequence boundaries in the flat batch
+        ax.axhline(int(cu_seqlens_q[s]), color="black", linewidth=1.5)
+    for x in range(block_size, width, block_size):  # page boundaries (logical blocks)
+        ax.axvline(x, color="#444444", linewidth=0.8, linestyle=":")
+    ax.set_xlim(0, width)
+    ax.set_ylim(len(rows), 0)
+    ax.set_xticks([x + 0.5 for x in range(width)], [str(x) for x in range(width)], fontsize=8)
+    ax.set_yticks([y + 0.5 for y in range(len(rows))],
+                  [f"row {r['row']}: seq {r['seq']}, pos {r['position']}" for r in rows], fontsize=8)
+    ax.set_xlabel(f"key position (dotted lines: block boundaries every {block_size} tokens)")
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c, label=f"page {p}") for p, c in sorted(pages_seen.items())]
+    handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///",
+                             label="cut by the mask"))
+    handles.append(plt.Line2D([], [], marker="o", color="black", linestyle="none", markersize=3,
+                              label="the row's own position"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    window = f", sliding window {sliding_window}" if sliding_window else " (causal)"
+    ax.set_title(f"which keys each query row reads{window}", fontsize=10)
+    return ax

@@ -276,11 +276,11 @@ class SchedulerVisualizer:
     def figure(self):
         """The block map over the timeline, as the widget draws them: also a still picture where widgets do
         not run (on GitHub, say)."""
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), height_ratios=[3, 2])
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7.5), height_ratios=[3, 2])
         state = self.snapshot()
         draw_block_map(state, ax=top)
         draw_timeline(self.timeline, ax=bottom)
-        key_below(fig, null=state.null_block is not None)  # under the timeline's step labels, not over them
+        key_below(fig, cached=bool(state.prefix_caching), null=state.null_block is not None)  # under both panels
         return fig
 
     def _ipython_display_(self):

@@ -20,7 +20,7 @@ STATES = {
     "swapped": ("S", "#E69F00", "swapped out to CPU"),
     "preempted": ("X", "#D55E00", "preempted this step"),
     "ignored": ("!", "#000000", "ignored: can never fit"),
-    "idle": ("_", "#F3F3F3", "finished, its batch slot idle (static batching)"),
+    "idle": ("_", "#CC79A7", "finished, its batch slot idle (static batching)"),
 }
 
 
