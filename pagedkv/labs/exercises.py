@@ -406,10 +406,11 @@ EXERCISES: dict[str, Exercise] = {
                       hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
                            "and V for every head of every layer."),
     "02.E1": Exercise("next block", expected=_next_block_after_frees,
-                      hint="freed blocks join the tail of the free queue: which block is still ahead of them?"),
+                      hint="write the free queue out after every call: where does free() put a block, and where does "
+                           "allocate() take one from?"),
     "02.E2": Exercise("(Z's block table, the slot of Z's last token)", expected=_table_after_a_free,
-                      hint="X's blocks rejoin the free queue at its tail, last block first, behind the block "
-                           "nobody took yet; then slot = block * block_size + offset."),
+                      hint="write the free queue out after every call: in which order does freeing a sequence give "
+                           "its blocks back, and to which end? Then slot = block * block_size + offset."),
     "02.E3": Exercise("(longest prompt admitted now, longest ever admitted)", expected=_longest_prompts,
                       hint="a prompt needs ceil(tokens / 16) blocks, and both tests keep 5 blocks spare: the "
                            "free ones now (OK), or an empty pool (not NEVER). Is leaving exactly 5 allowed?"),
