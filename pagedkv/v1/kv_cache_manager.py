@@ -15,10 +15,11 @@ What changed since v0's ``BlockSpaceManager``:
 * A prefix hit is capped at ``num_tokens - 1`` and rounded down to whole blocks: the model must run on at least
   one token to produce logits, so a fully cached prompt recomputes its whole last block.
 * A block that fills with content already cached is cached too: a hash may name several blocks (0.33's
-  ``BlockPool`` does not de-duplicate, so block tables stay append-only), and the content stays cached until
-  its last copy is evicted.
-* ``full_sequence_must_fit``: the scheduler admits a waiting request only if its whole sequence fits
-  (``can_fit_full_sequence``), not just its first chunk.
+  block pool does not de-duplicate, says ``BlockHashToBlockMap``'s docstring, so block tables stay
+  append-only), and the content stays cached until its last copy is evicted.
+* ``full_sequence_must_fit``: the scheduler admits a waiting request only if its full input sequence fits
+  (``can_fit_full_sequence``: ``request.num_tokens``, the prompt plus any outputs a resumed request has),
+  not just its first chunk.
 * ``free`` returns blocks tail first: those with a hash join the tail of the free queue (reused last, so a
   cached prefix stays longest), those without go to the head (reused first), as ``BlockPool.free_blocks``.
 """
