@@ -160,24 +160,11 @@ def _whole_block_prompt_unshared():
 
 def _parallel_savings_sharegpt_like():
     """n = 4 samples of 336 tokens from a 160-token prompt, blocks of 16, no EOS, replayed on the block manager
-    as the engine drives it: the prompt allocated once and forked, then every step a slot for each sample's
-    previous token (the last sampled token is never written). The peak is counted where each step allocates,
-    as the engine's ``peak_gpu_blocks`` is; ``sharing_savings("parallel", 4, 160, 336)`` gives the same number
-    on the tiny Llama, slowly."""
-    from ..manager import BlockSpaceManager
-    from ..sizing import blocks_needed
+    as the engine drives it (``replayed_parallel_savings``); ``sharing_savings("parallel", 4, 160, 336)`` gives
+    the same number on the tiny Llama, slowly."""
+    from ..decoding import replayed_parallel_savings
 
-    n, prompt_len, output_len, block_size, pool = 4, 160, 336, 16, 256
-    manager = BlockSpaceManager(block_size, pool, watermark=0.0)
-    manager.allocate(0, range(prompt_len))
-    for sample in range(1, n):
-        manager.fork(0, sample)
-    peak = pool - manager.num_free_gpu_blocks
-    for token in range(output_len - 1):
-        for sample in range(n):
-            manager.append_slots(sample, [token])
-        peak = max(peak, pool - manager.num_free_gpu_blocks)
-    return 1 - peak / (n * blocks_needed(prompt_len + output_len - 1, block_size))
+    return replayed_parallel_savings(4, 160, 336)
 
 
 def _pruned_beam():
@@ -253,7 +240,7 @@ def _states_outnumber_reserved(prompt_counts: bool = True, reserve_shrinks: bool
     return None
 
 
-def _three_ledgers():
+def _three_ledgers(last_block_reserved: bool = True):
     """A 100-token prompt, 300 tokens to produce, the 50th just produced: its slots under reserve_pow2 (a chunk
     of the next power of two of the final length) and under paged (blocks of 16), filed as the simulator files
     them: token states, reserved for the request's later tokens, never to be used."""
@@ -263,17 +250,17 @@ def _three_ledgers():
     tokens, final = prompt + produced, prompt + output
     chunk = 1 << (final - 1).bit_length()
     slots = blocks_needed(tokens, block_size) * block_size
-    paged_reserved = min(slots, final) - tokens  # empty slots it will still fill
+    paged_reserved = min(slots, final) - tokens if last_block_reserved else 0  # empty slots it will still fill
     return (tokens, final - tokens, chunk - final), (tokens, paged_reserved, slots - tokens - paged_reserved)
 
 
-def _pow2_never_used():
+def _pow2_never_used(policy: str = "reserve_pow2"):
     """reserve_pow2, final lengths equally likely from 513 to 1,024: the mean fraction of a chunk never used."""
     from ..sim import max_concurrent_requests
 
     budget, fractions = 1 << 20, []
     for n in range(513, 1025):
-        chunk = budget // max_concurrent_requests("reserve_pow2", budget_tokens=budget, request_len=n)
+        chunk = budget // max_concurrent_requests(policy, budget_tokens=budget, request_len=n)
         fractions.append((chunk - n) / chunk)
     return sum(fractions) / len(fractions)
 
@@ -503,8 +490,13 @@ EXERCISES: dict[str, Exercise] = {
                       hint="write both parts as functions of the tokens produced so far, p: token states, and slots "
                            "reserved for the tokens still to come. When is the first just larger?"),
     "06.E2": Exercise("mean fraction never used", expected=_pow2_never_used, tolerance=0.005,
+                      mistakes=((lambda: _pow2_never_used("reserve_max"), "you gave every request the maximum "
+                                 "length's chunk; reserve_pow2 rounds each final length up to a power of two."),),
                       hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
     "06.E3": Exercise("((pow2 tokens, reserved, never), (paged tokens, reserved, never))", expected=_three_ledgers,
+                      mistakes=((lambda: _three_ledgers(last_block_reserved=False), "under paged you filed every "
+                                 "empty slot of the last block as never used; a slot that a later token of this "
+                                 "request will fill is reserved."),),
                       hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
                            "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
                            "a later token of this request will land in it, never used if none will."),
