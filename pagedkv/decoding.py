@@ -175,3 +175,27 @@ def sharing_savings(mode: str, width: int, prompt_len: int, output_len: int, blo
     check_int("prompt_len", prompt_len, minimum=1)
     check_int("seed", seed, minimum=0)
     return run_decoding(mode, width, synthetic_prompt(prompt_len, seed), output_len, block_size, seed).savings
+
+
+def replayed_parallel_savings(width: int, prompt_len: int, output_len: int, block_size: int = 16) -> float:
+    """``sharing_savings("parallel", ...)`` without the model: parallel samples share exactly the prompt, so the
+    blocks depend only on the lengths. Replays what the engine asks of the block manager (the prompt allocated once
+    and forked ``width - 1`` times, then every step a slot for each sample's previous token: the last sampled
+    token is never written) and counts the peak where each step allocates, as ``run_decoding`` does."""
+    from .manager import BlockSpaceManager
+    from .sizing import blocks_needed
+
+    check_int("width", width, minimum=1)
+    check_int("prompt_len", prompt_len, minimum=1)
+    check_int("output_len", output_len, minimum=1)
+    pool = width * blocks_needed(prompt_len + output_len, block_size)
+    manager = BlockSpaceManager(block_size, pool, watermark=0.0)
+    manager.allocate(0, range(prompt_len))
+    for sample in range(1, width):
+        manager.fork(0, sample)
+    peak = pool - manager.num_free_gpu_blocks
+    for token in range(output_len - 1):
+        for sample in range(width):
+            manager.append_slots(sample, [token])
+        peak = max(peak, pool - manager.num_free_gpu_blocks)
+    return 1 - peak / (width * blocks_needed(prompt_len + output_len - 1, block_size))

@@ -118,7 +118,8 @@ class LLMEngine:
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
-        ``scheduler_reserve_full_isl``, on as in vLLM, a request is admitted only when its whole sequence fits).
+        ``scheduler_reserve_full_isl``, on as in vLLM, a request is admitted only when its full input
+        sequence fits: its prompt, plus the outputs a resumed request already has).
         ``block_manager`` (v0): run on an existing manager of the same sizes (the visualizer draws the engine's
         sequences beside hand-made ones); by default the engine makes its own."""
         if not isinstance(model, LlamaForCausalLM):

@@ -258,12 +258,14 @@ class BlockSpaceManager:
             list(parent.token_ids), list(parent.block_table), parent.device,
             list(parent.block_hashes), parent.num_cached_tokens)
 
-    def free(self, seq_id) -> None:
-        """Release the sequence's blocks tail first, so shared prefixes stay cached longest."""
+    def free(self, seq_id, tail_first: bool = True) -> None:
+        """Release the sequence's blocks tail first, so shared prefixes stay cached longest (vLLM 0.33's
+        ``SingleTypeKVCacheManager.free`` frees in reverse order too). ``tail_first=False`` frees them head first,
+        the wrong order, kept so notebook 05 can show what it costs."""
         seq = self._get(seq_id)
         allocator = self.allocators[seq.device]
         named = self.prefix_cache.block_to_hash if self.prefix_cache and seq.device == "gpu" else {}
-        for block_id in reversed(seq.block_table):
+        for block_id in (reversed(seq.block_table) if tail_first else seq.block_table):
             allocator.free(block_id, to_front=self.unnamed_blocks_first and block_id not in named)
         del self._seqs[seq_id]
 

@@ -6,7 +6,15 @@ The samples and beams are the engine's (equal to the dense references); the step
 import pytest
 
 from pagedkv import BeamSearchParams, SamplingParams, beam_search_dense, generate_dense
-from pagedkv.decoding import GroupDecoding, run_decoding, sharing_savings, synthetic_prompt, tiny_engine, tiny_model
+from pagedkv.decoding import (
+    GroupDecoding,
+    replayed_parallel_savings,
+    run_decoding,
+    sharing_savings,
+    synthetic_prompt,
+    tiny_engine,
+    tiny_model,
+)
 
 from invariants import check_manager_invariants
 
@@ -82,3 +90,10 @@ def test_the_peak_without_sharing_counts_every_written_slot():
     prompt_len, output_len, n, block_size = 30, 40, 4, 4
     result = run_decoding("parallel", n, synthetic_prompt(prompt_len), output_len, block_size=block_size)
     assert result.peak_without_sharing == n * -(-(prompt_len + output_len - 1) // block_size)
+
+
+@pytest.mark.parametrize("width, prompt_len, output_len, block_size", [(2, 7, 9, 4), (3, 8, 6, 4), (4, 19, 12, 16)])
+def test_replayed_parallel_savings_equal_the_engines(width, prompt_len, output_len, block_size):
+    """The block-manager replay (no model) gives the engine's own saving for parallel sampling."""
+    engine = sharing_savings("parallel", width, prompt_len, output_len, block_size)
+    assert replayed_parallel_savings(width, prompt_len, output_len, block_size) == pytest.approx(engine)

@@ -161,3 +161,18 @@ def test_unnamed_blocks_can_go_to_the_front_of_the_free_queue():
         assert m.free_block_ids() == expected
         m.allocate("s", range(8))  # the cached prefix still hits in both orders
         assert m.num_cached_tokens("s") == 8
+
+
+def test_freeing_head_first_loses_the_prefix_tail_first_keeps():
+    """The order of free() decides which names an unrelated request evicts (notebook 05, section 5)."""
+    cached = {}
+    for tail_first in (True, False):
+        manager = BlockSpaceManager(block_size=4, num_gpu_blocks=6, watermark=0.0, enable_prefix_caching=True)
+        manager.allocate("a", list(range(17)))
+        manager.free("a", tail_first=tail_first)
+        assert manager.free_block_ids()[-1] == (0 if tail_first else 4)  # the block freed last waits longest
+        manager.allocate("x", [42] * 8)
+        manager.free("x")
+        manager.allocate("again", list(range(17)))
+        cached[tail_first] = manager.num_cached_tokens("again")
+    assert cached == {True: 16, False: 0}

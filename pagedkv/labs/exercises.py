@@ -37,11 +37,11 @@ class Exercise:
 
 
 # ----------------------------------------------------------------- 01 sizing
-def _tp4_blocks_per_gpu():
+def _tp4_blocks_per_gpu(tp: int = 4):
     from ..sizing import MODELS, GiB, cache_block_bytes
 
     spec = MODELS["llama-2-70b"]
-    shard = dataclasses.replace(spec, num_heads=spec.num_heads // 4, num_kv_heads=spec.num_kv_heads // 4)
+    shard = dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=spec.num_kv_heads // tp)
     return 40 * GiB // cache_block_bytes(shard, 16)
 
 
@@ -57,30 +57,38 @@ def _tp16_bytes_per_token():
     return shard.kv_bytes_per_token, tp * shard.kv_bytes_per_token
 
 
-def _mla_bytes_and_ratio():
+def _tp16_heads_cut_in_half():
+    """The slip: 8 KV heads spread over 16 GPUs as if each GPU could keep half a head."""
+    from ..sizing import MODELS
+
+    whole = MODELS["llama-2-70b"].kv_bytes_per_token
+    return whole / 16, whole
+
+
+def _mla_bytes_and_ratio(rope_values: int = 64, value_bytes: int = 2):
     """DeepSeek-V3's MLA cache (a 512-value latent + a 64-value RoPE key per token and layer, bf16, 61 layers)
     against caching K and V of 128 heads of 128 (multi-head attention)."""
     from ..sizing import ModelSpec
 
-    mla = (512 + 64) * 61 * 2
+    mla = (512 + rope_values) * 61 * value_bytes
     mha = ModelSpec("mha-61", num_layers=61, num_heads=128, num_kv_heads=128, head_size=128,
                     dtype="bfloat16").kv_bytes_per_token
     return mla, mha / mla
 
 
 # ------------------------------------------------------------- 02 allocation
-def _next_block_after_frees():
+def _next_block_after_frees(to_front: bool = False):
     from ..blocks import BlockAllocator
 
     allocator = BlockAllocator(5, 16)
     for _ in range(4):
         allocator.allocate()
-    allocator.free(2)
-    allocator.free(0)
+    allocator.free(2, to_front=to_front)
+    allocator.free(0, to_front=to_front)
     return allocator.allocate()
 
 
-def _table_after_a_free():
+def _table_after_a_free(tail_first: bool = True):
     """A 6-block pool: X (8 tokens) and Y (12) allocated, X freed, Z (10 tokens) allocated: Z's table, and the
     slot its last token's K/V is written to."""
     from ..manager import BlockSpaceManager
@@ -88,17 +96,17 @@ def _table_after_a_free():
     manager = BlockSpaceManager(4, 6, watermark=0.0)
     manager.allocate("X", range(8))
     manager.allocate("Y", range(12))
-    manager.free("X")
+    manager.free("X", tail_first=tail_first)
     manager.allocate("Z", range(10))
     return manager.get_block_table("Z"), manager.get_slot_mapping("Z")[-1]
 
 
-def _longest_prompts():
+def _longest_prompts(watermark: float = 0.05):
     """100 blocks of 16, watermark 0.05, 60 blocks in use: the longest prompt can_allocate admits now (OK),
     and the longest it does not refuse for ever (not NEVER), found by asking it."""
     from ..manager import AllocStatus, BlockSpaceManager
 
-    manager = BlockSpaceManager(16, 100, watermark=0.05)
+    manager = BlockSpaceManager(16, 100, watermark=watermark)
     manager.allocate("running", range(60 * 16))
     status = {tokens: manager.can_allocate(tokens) for tokens in range(1, 100 * 16 + 1)}
     return (max(t for t, s in status.items() if s == AllocStatus.OK),
@@ -115,7 +123,7 @@ def _child_append_copies():
     return manager.append_slots("c", range(4))
 
 
-def _fork_of_a_fork():
+def _fork_of_a_fork(free_b: bool = True):
     """A (6 tokens, blocks [0, 1]) forked into B, B forked into C, B freed; then C appends, then A appends:
     block 1's ref count before C's append, and the copies each append returns."""
     from ..manager import BlockSpaceManager
@@ -124,7 +132,8 @@ def _fork_of_a_fork():
     manager.allocate("A", range(6))
     manager.fork("A", "B")
     manager.fork("B", "C")
-    manager.free("B")
+    if free_b:
+        manager.free("B")
     ref_count = manager.allocators["gpu"].refcount(1)
     return ref_count, manager.append_slots("C", [6]), manager.append_slots("A", [7])
 
@@ -142,26 +151,20 @@ def _whole_block_prompt():
     return sum(s.cow_copies for s in result.steps), engine.stats.peak_gpu_blocks
 
 
-def _parallel_savings_sharegpt_like():
-    """n = 4 samples of 336 tokens from a 160-token prompt, blocks of 16, no EOS, replayed on the block manager
-    as the engine drives it: the prompt allocated once and forked, then every step a slot for each sample's
-    previous token (the last sampled token is never written). The peak is counted where each step allocates,
-    as the engine's ``peak_gpu_blocks`` is; ``sharing_savings("parallel", 4, 160, 336)`` gives the same number
-    on the tiny Llama, slowly."""
-    from ..manager import BlockSpaceManager
+def _whole_block_prompt_unshared():
+    """The slip: every sample keeps its own copy of the prompt's blocks (5 of its 6 tokens written)."""
     from ..sizing import blocks_needed
 
-    n, prompt_len, output_len, block_size, pool = 4, 160, 336, 16, 256
-    manager = BlockSpaceManager(block_size, pool, watermark=0.0)
-    manager.allocate(0, range(prompt_len))
-    for sample in range(1, n):
-        manager.fork(0, sample)
-    peak = pool - manager.num_free_gpu_blocks
-    for token in range(output_len - 1):
-        for sample in range(n):
-            manager.append_slots(sample, [token])
-        peak = max(peak, pool - manager.num_free_gpu_blocks)
-    return 1 - peak / (n * blocks_needed(prompt_len + output_len - 1, block_size))
+    return 0, 3 * blocks_needed(8 + 5, 4)
+
+
+def _parallel_savings_sharegpt_like():
+    """n = 4 samples of 336 tokens from a 160-token prompt, blocks of 16, no EOS, replayed on the block manager
+    as the engine drives it (``replayed_parallel_savings``); ``sharing_savings("parallel", 4, 160, 336)`` gives
+    the same number on the tiny Llama, slowly."""
+    from ..decoding import replayed_parallel_savings
+
+    return replayed_parallel_savings(4, 160, 336)
 
 
 def _pruned_beam():
@@ -183,7 +186,7 @@ def _pruned_beam():
 
 
 # --------------------------------------------------------- 05 prefix caching
-def _blocks_named_alike():
+def _blocks_named_alike(chained: bool = True):
     """P = [1..12]; Q holds P's three blocks of tokens in the order 0, 2, 1: which of Q's blocks have a name
     (a chained hash) that P's chain has too."""
     from ..prefix import hash_block_tokens
@@ -191,8 +194,9 @@ def _blocks_named_alike():
     def chain(blocks):
         hashes, parent = [], None
         for tokens in blocks:
-            parent = hash_block_tokens(parent, tokens)
-            hashes.append(parent)
+            name = hash_block_tokens(parent if chained else None, tokens)
+            hashes.append(name)
+            parent = name
         return hashes
 
     p_blocks = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
@@ -200,35 +204,43 @@ def _blocks_named_alike():
     return [i for i, name in enumerate(q_names) if name in set(chain(p_blocks))]
 
 
-def _blocks_of_a_returning_prefix():
+def _blocks_of_a_returning_prefix(unnamed_blocks_first: bool = False):
     """8 blocks of 4, caching on: a 9-token request runs and is freed; a 5-token one sharing its first 4 tokens."""
     from ..manager import BlockSpaceManager
 
-    manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True)
+    manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True,
+                                unnamed_blocks_first=unnamed_blocks_first)
     manager.allocate("r", range(9))
     manager.free("r")
     return manager.allocate("s", [0, 1, 2, 3, 100])
 
 
-def _lru_survivors():
+def _lru_survivors(tail_first: bool = True):
     from ..manager import BlockSpaceManager
 
     manager = BlockSpaceManager(4, 4, watermark=0.0, enable_prefix_caching=True)
     prompt_a = list(range(1, 9))
     manager.allocate("A", prompt_a)
-    manager.free("A")
+    manager.free("A", tail_first=tail_first)
     manager.allocate("B", range(20, 28))
     manager.allocate("C", range(40, 44))
     return manager.count_cached_tokens(prompt_a)
 
 
 # ----------------------------------------------------------- 06 memory waste
-def _reserve_max_slots():
-    max_len, prompt, output, produced = 2048, 100, 300, 50
-    return prompt + produced, output - produced, max_len - (prompt + output)
+def _states_outnumber_reserved(prompt_counts: bool = True, reserve_shrinks: bool = True):
+    """reserve_max, a 100-token prompt, 300 tokens to produce: the first produced count at which the chunk's
+    token states outnumber its slots reserved for later tokens, found by walking the request's life."""
+    prompt, output = 100, 300
+    for produced in range(output + 1):
+        tokens = (prompt if prompt_counts else 0) + produced
+        reserved = output - produced if reserve_shrinks else output
+        if tokens > reserved:
+            return produced
+    return None
 
 
-def _three_ledgers():
+def _three_ledgers(last_block_reserved: bool = True):
     """A 100-token prompt, 300 tokens to produce, the 50th just produced: its slots under reserve_pow2 (a chunk
     of the next power of two of the final length) and under paged (blocks of 16), filed as the simulator files
     them: token states, reserved for the request's later tokens, never to be used."""
@@ -238,17 +250,17 @@ def _three_ledgers():
     tokens, final = prompt + produced, prompt + output
     chunk = 1 << (final - 1).bit_length()
     slots = blocks_needed(tokens, block_size) * block_size
-    paged_reserved = min(slots, final) - tokens  # empty slots it will still fill
+    paged_reserved = min(slots, final) - tokens if last_block_reserved else 0  # empty slots it will still fill
     return (tokens, final - tokens, chunk - final), (tokens, paged_reserved, slots - tokens - paged_reserved)
 
 
-def _pow2_never_used():
+def _pow2_never_used(policy: str = "reserve_pow2"):
     """reserve_pow2, final lengths equally likely from 513 to 1,024: the mean fraction of a chunk never used."""
     from ..sim import max_concurrent_requests
 
     budget, fractions = 1 << 20, []
     for n in range(513, 1025):
-        chunk = budget // max_concurrent_requests("reserve_pow2", budget_tokens=budget, request_len=n)
+        chunk = budget // max_concurrent_requests(policy, budget_tokens=budget, request_len=n)
         fractions.append((chunk - n) / chunk)
     return sum(fractions) / len(fractions)
 
@@ -505,31 +517,51 @@ def _agreed_hit_with_a_gap():
 
 EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
+                      mistakes=((lambda: _tp4_blocks_per_gpu(tp=1), "that is what one GPU would hold if it kept "
+                                 "every KV head of the model; under tensor parallelism it keeps only its share."),),
                       hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
                            "for every layer."),
     "01.E2": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)", expected=_tp16_bytes_per_token,
+                      mistakes=((_tp16_heads_cut_in_half, "you gave each GPU a fraction of a KV head; a GPU keeps "
+                                 "whole KV heads, so some heads must be kept on more than one GPU."),),
                       hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
                            "attend with. How many query heads does a GPU have, and how many share one KV head? "
                            "Then count how many GPUs hold each KV head."),
     "01.E3": Exercise("(MLA bytes per token, times fewer than MHA)", expected=_mla_bytes_and_ratio, tolerance=0.01,
+                      mistakes=((lambda: _mla_bytes_and_ratio(rope_values=0), "you counted the latent alone; MLA "
+                                 "also caches a small decoupled RoPE key per token and layer."),
+                                (lambda: _mla_bytes_and_ratio(value_bytes=1), "you counted values, not bytes: each "
+                                 "bf16 value takes 2 bytes.")),
                       hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
                            "and V for every head of every layer."),
     "02.E1": Exercise("next block", expected=_next_block_after_frees,
-                      hint="freed blocks join the tail of the free queue: which block is still ahead of them?"),
+                      mistakes=((lambda: _next_block_after_frees(to_front=True), "you reused the block freed last, "
+                                 "as a stack would; pagedkv's free() does not put a block where allocate() looks "
+                                 "first."),),
+                      hint="write the free queue out after every call: where does free() put a block, and where does "
+                           "allocate() take one from?"),
     "02.E2": Exercise("(Z's block table, the slot of Z's last token)", expected=_table_after_a_free,
-                      hint="X's blocks rejoin the free queue at its tail, last block first, behind the block "
-                           "nobody took yet; then slot = block * block_size + offset."),
+                      mistakes=((lambda: _table_after_a_free(tail_first=False), "you gave X's blocks back first "
+                                 "block first; free() releases a table starting from its last block."),),
+                      hint="write the free queue out after every call: in which order does freeing a sequence give "
+                           "its blocks back, and to which end? Then slot = block * block_size + offset."),
     "02.E3": Exercise("(longest prompt admitted now, longest ever admitted)", expected=_longest_prompts,
+                      mistakes=((lambda: _longest_prompts(watermark=0.0), "you let a prompt take every free "
+                                 "block; both tests keep the watermark's blocks back."),),
                       hint="a prompt needs ceil(tokens / 16) blocks, and both tests keep 5 blocks spare: the "
                            "free ones now (OK), or an empty pool (not NEVER). Is leaving exactly 5 allowed?"),
     "03.E1": Exercise("copies", expected=_child_append_copies,
                       hint="only a shared block that is partly filled is copied before a write; where do the "
                            "tokens go after the copy is full?"),
     "03.E2": Exercise("(block 1's ref count before C's append, C's copies, A's copies)", expected=_fork_of_a_fork,
+                      mistakes=((lambda: _fork_of_a_fork(free_b=False), "B still holds its references in your "
+                                 "answer; freeing B drops one from each of its blocks."),),
                       hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
                            "sequence drops one from each of its blocks. A write copies a partly filled block only "
                            "while someone else still holds it, and the writer's reference moves to the copy."),
     "04.E1": Exercise("(copy-on-write copies over the request, peak blocks in use)", expected=_whole_block_prompt,
+                      mistakes=((_whole_block_prompt_unshared, "you counted the prompt's blocks once per sample; "
+                                 "the samples are forked from one prompt and share its blocks."),),
                       hint="a copy is made only when a sample writes into a shared block that has free slots: does "
                            "this prompt leave one? For the peak, the last step allocates a slot for every sample's "
                            "previous token; the token it samples last is never written."),
@@ -542,19 +574,38 @@ EXERCISES: dict[str, Exercise] = {
                            "are held once; without, once per sample. Does a sample's first output token start a "
                            "block of its own, or share one with the prompt?"),
     "05.E1": Exercise("Q's blocks named as one of P's", expected=_blocks_named_alike,
+                      mistakes=((lambda: _blocks_named_alike(chained=False), "you named each block by its own tokens "
+                                 "alone; a name chains in its parent's name."),),
                       hint="a block's name hashes its parent's name together with its own tokens: two blocks with "
                            "the same tokens get the same name only if everything before them is the same too."),
     "05.E2": Exercise("the new request's blocks", expected=_blocks_of_a_returning_prefix,
+                      mistakes=((lambda: _blocks_of_a_returning_prefix(unnamed_blocks_first=True), "you put the "
+                                 "freed block without a name at the queue's head, vLLM 0.33's rule; pagedkv's "
+                                 "manager here puts every freed block at the tail."),),
                       hint="a full block keeps its name when freed; the rest of a new table comes from the free "
                            "queue's head, and the queue got the freed blocks last block first."),
     "05.E3": Exercise("tokens of A still cached", expected=_lru_survivors,
+                      mistakes=((lambda: _lru_survivors(tail_first=False), "you freed A's blocks first block first; "
+                                 "free() releases a table from its last block, so which of A's blocks waits "
+                                 "longest in the queue?"),),
                       hint="new allocations take the free queue's head; A's blocks joined the tail last block "
                            "first, and a cached prefix counts only up to its first missing block."),
-    "06.E1": Exercise("(tokens, reserved, never)", expected=_reserve_max_slots,
-                      hint="tokens so far; tokens still to come; the rest of the 2,048-slot chunk."),
+    "06.E1": Exercise("tokens produced when token states first outnumber the reserved slots",
+                      expected=_states_outnumber_reserved,
+                      mistakes=((lambda: _states_outnumber_reserved(prompt_counts=False), "the prompt's K/V are "
+                                 "token states too, from the first step on."),
+                                (lambda: _states_outnumber_reserved(reserve_shrinks=False), "the reservation is "
+                                 "for tokens still to come: it shrinks by one with every token produced.")),
+                      hint="write both parts as functions of the tokens produced so far, p: token states, and slots "
+                           "reserved for the tokens still to come. When is the first just larger?"),
     "06.E2": Exercise("mean fraction never used", expected=_pow2_never_used, tolerance=0.005,
+                      mistakes=((lambda: _pow2_never_used("reserve_max"), "you gave every request the maximum "
+                                 "length's chunk; reserve_pow2 rounds each final length up to a power of two."),),
                       hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
     "06.E3": Exercise("((pow2 tokens, reserved, never), (paged tokens, reserved, never))", expected=_three_ledgers,
+                      mistakes=((lambda: _three_ledgers(last_block_reserved=False), "under paged you filed every "
+                                 "empty slot of the last block as never used; a slot that a later token of this "
+                                 "request will fill is reserved."),),
                       hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
                            "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
                            "a later token of this request will land in it, never used if none will."),

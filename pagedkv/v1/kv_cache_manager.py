@@ -15,11 +15,12 @@ What changed since v0's ``BlockSpaceManager``:
 * A prefix hit is capped at ``num_tokens - 1`` and rounded down to whole blocks: the model must run on at least
   one token to produce logits, so a fully cached prompt recomputes its whole last block.
 * A block that fills with content already cached is cached too: a hash may name several blocks (0.33's
-  ``BlockPool`` does not de-duplicate, so block tables stay append-only), and the content stays cached until
-  its last copy is evicted.
-* ``full_sequence_must_fit``: the scheduler admits a waiting request only if its whole sequence fits
-  (``can_fit_full_sequence``), not just its first chunk; a sliding-window group counts at most the blocks it
-  can ever hold (``SlidingWindowSpec.max_admission_blocks_per_request``).
+  block pool does not de-duplicate, says ``BlockHashToBlockMap``'s docstring, so block tables stay
+  append-only), and the content stays cached until its last copy is evicted.
+* ``full_sequence_must_fit``: the scheduler admits a waiting request only if its full input sequence fits
+  (``can_fit_full_sequence``: ``request.num_tokens``, the prompt plus any outputs a resumed request has),
+  not just its first chunk; a sliding-window group counts at most the blocks it can ever hold
+  (``SlidingWindowSpec.max_admission_blocks_per_request``).
 * ``free`` returns blocks tail first: those with a hash join the tail of the free queue (reused last, so a
   cached prefix stays longest), those without go to the head (reused first), as ``BlockPool.free_blocks``.
 * A hybrid model's layers fall into KV cache groups (``kv_cache_interface.py``), each with its own block table per

@@ -13,8 +13,9 @@ budget of ``max_num_batched_tokens`` so that requests catch up:
    front of ``waiting``) and the allocation is tried again;
 2. then **waiting** requests in order (first come, first served), not in a step that preempted: their cached
    prefix from ``get_computed_blocks``, then a chunk of the rest, while the budget and ``max_num_seqs`` allow,
-   and (``scheduler_reserve_full_isl``, on by default) only while the request's whole sequence fits the free
-   blocks: admitting it for its first chunk alone would mean preempting it a few steps later.
+   and (``scheduler_reserve_full_isl``, on by default) only while the request's full input sequence
+   (``num_tokens``) fits the free blocks: admitting it for its first chunk alone would mean preempting it a few
+   steps later.
 
 A request samples a token only in a step whose chunk reaches the end of its tokens.
 """
@@ -85,7 +86,8 @@ class Scheduler:
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True):
         """``scheduler_reserve_full_isl`` (vLLM 0.33's ``SchedulerConfig`` setting, on by default): admit a
-        waiting or preempted request only if its whole sequence fits the free blocks, not just its first chunk
+        waiting or preempted request only if its full input sequence (``num_tokens``) fits the free blocks, not just
+        its first chunk
         ("prevents over-admission and KV cache thrashing with chunked prefill")."""
         if not isinstance(kv_cache_manager, KVCacheManager):
             raise PagedKVValueError(f"kv_cache_manager must be a pagedkv.v1.KVCacheManager, got "
