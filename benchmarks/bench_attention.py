@@ -3,6 +3,7 @@
     python benchmarks/bench_attention.py            # CPU: the numba twin vs torch SDPA
     python benchmarks/bench_attention.py --gpu      # GPU: the numba.cuda kernels vs torch baselines
     python benchmarks/bench_attention.py --static   # no GPU: registers, occupancy, SASS per token (perf extra)
+    python benchmarks/bench_attention.py --unified  # CPU: unified_paged_attention on mixed batches vs SDPA
 
 CPU case: 32 seqs x 32 heads x head 128 x 1,024 tokens, block 16, fp32.
   * twin:            paged_attention(backend="cpu"), reading the pages in place
@@ -71,6 +72,98 @@ def cpu_case():
     print(f"  gather + SDPA       {gathered * 1e3:8.1f} ms  {gib / gathered:6.2f} GiB/s")
     print(f"  twin / SDPA pre-gathered = {twin / dense:.2f} (target <= 1.0);  "
           f"gather+SDPA / twin = {gathered / twin:.1f}x (target >= 5x)")
+
+
+# ---------------------------------------------------------------- unified_paged_attention on mixed batches (CPU)
+UNIFIED_CASES = {  # name: (q_lens, seq_lens); SmolLM2's attention: 9 query heads, 3 KV heads, head 64
+    "32 decodes": ([1] * 32, [50 + (i * 89) % 650 for i in range(32)]),
+    "a 512 chunk + 31 decodes": ([512] + [1] * 31, [1024] + [50 + (i * 89) % 650 for i in range(31)]),
+    "4 prompts, 2 after prefix hits": ([100, 200, 300, 150], [100, 400, 300, 250]),
+    "one 1,500-token prompt": ([1500], [1500]),
+}
+
+
+def unified_case(q_lens, seq_lens, block_size=16, num_heads=9, num_kv_heads=3, head_size=64, seed=0):
+    from pagedkv.kernels import UnifiedAttentionMetadata
+
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(per_seq)
+    order = torch.randperm(num_blocks, generator=g)
+    tables = torch.zeros((len(seq_lens), max(per_seq)), dtype=torch.int32)
+    for s, n in enumerate(per_seq):
+        tables[s, :n], order = order[:n], order[n:]
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache, value_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    query = torch.randn((sum(q_lens), num_heads, head_size), generator=g)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return query, key_cache, value_cache, UnifiedAttentionMetadata(cu, lens, tables)
+
+
+def per_sequence(query, key_cache, value_cache, meta, gathered=None):
+    """The engine's old path: each prefill's pages gathered (or given pre-gathered) and attended alone with SDPA
+    (``causal_attention``), the decodes through ``paged_attention``'s CPU twin."""
+    from pagedkv.kernels import gather_kv
+    from pagedkv.model import causal_attention
+
+    out, starts, lens = torch.empty_like(query), meta.cu_seqlens_q.tolist(), meta.seq_lens.tolist()
+    decodes = [s for s in range(len(lens)) if starts[s + 1] - starts[s] == 1]
+    for s, seq_len in enumerate(lens):
+        rows = slice(starts[s], starts[s + 1])
+        if s not in decodes or gathered:
+            k, v = gathered[s] if gathered else gather_kv(key_cache, value_cache, meta.block_tables[s], seq_len)
+            out[rows] = causal_attention(query[rows], k, v, seq_len - (rows.stop - rows.start))
+    if decodes and not gathered:
+        rows = [starts[s] for s in decodes]
+        out[rows] = paged_attention(query[rows], key_cache, value_cache, meta.block_tables[decodes].contiguous(),
+                                    meta.seq_lens[decodes], backend="cpu")
+    return out
+
+
+def one_rectangle(query, key_cache, value_cache, meta):
+    """Every sequence padded to the longest chunk and the longest context: one SDPA for the whole batch."""
+    from pagedkv.kernels.unified import CpuPlan, _chunks
+    from pagedkv.kernels.validate import check_unified_args
+
+    shape = check_unified_args(query, key_cache, value_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables)
+    q_lens = meta.cu_seqlens_q[1:] - meta.cu_seqlens_q[:-1]
+    everyone = _chunks(torch.arange(len(q_lens)), meta.cu_seqlens_q, q_lens, meta.seq_lens, meta.block_tables, shape)
+    no_decodes = torch.zeros(0, dtype=torch.long)
+    return CpuPlan(shape, no_decodes, meta.block_tables[:0], meta.seq_lens[:0], [everyone]).run(query, key_cache,
+                                                                                               value_cache)
+
+
+def unified_cpu_case():
+    from pagedkv.kernels import UnifiedAttentionMetadata, gather_kv
+
+    print(f"machine: {machine()}, torch threads {torch.get_num_threads()}")
+    print("unified_paged_attention, CPU path, float32, block 16, SmolLM2's attention (9 query heads, 3 KV heads, "
+          "head 64); best of 7, ms per layer")
+    print(f"{'batch':<32} {'rows':>5} {'unified':>8} {'+ meta':>8} {'old path':>9} {'SDPA pre-g.':>11} "
+          f"{'1 rectangle':>11}")
+    for name, (q_lens, seq_lens) in UNIFIED_CASES.items():
+        query, key_cache, value_cache, meta = unified_case(q_lens, seq_lens)
+        gathered = [gather_kv(key_cache, value_cache, meta.block_tables[s], n) for s, n in enumerate(seq_lens)]
+        expected = per_sequence(query, key_cache, value_cache, meta, gathered)
+        runs = {
+            "unified": lambda: meta.attend(query, key_cache, value_cache, backend="cpu"),
+            "+ meta": lambda: UnifiedAttentionMetadata(meta.cu_seqlens_q, meta.seq_lens, meta.block_tables).attend(
+                query, key_cache, value_cache, backend="cpu"),
+            "old path": lambda: per_sequence(query, key_cache, value_cache, meta),
+            "SDPA pre-g.": lambda: per_sequence(query, key_cache, value_cache, meta, gathered),
+            "1 rectangle": lambda: one_rectangle(query, key_cache, value_cache, meta),
+        }
+        times = {}
+        for label, run in runs.items():
+            torch.testing.assert_close(run(), expected, atol=1e-4, rtol=1e-4)  # checked before it is timed
+            times[label] = best_of(run, 7) * 1e3
+        print(f"{name:<32} {len(query):>5} " + " ".join(f"{times[k]:>{len(k) if len(k) > 8 else 8}.2f}"
+                                                      for k in runs))
+    print("unified: metadata built once per step (every layer after the first); + meta: built for this call; "
+          "old path: the engine before (a gather + SDPA per prefill, the numba twin for the decodes); SDPA pre-g.: "
+          "SDPA per sequence on K/V gathered beforehand (not timed); 1 rectangle: the whole batch padded into one SDPA")
+    return 0
 
 
 def cuda_time(fn, repeat=20):
@@ -158,6 +251,8 @@ def gpu_case():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="run the GPU case")
+    parser.add_argument("--unified", action="store_true",
+                        help="unified_paged_attention's CPU path on mixed batches, against SDPA")
     parser.add_argument("--static", action="store_true",
                         help="the static report (pagedkv.kernels.static_report), no GPU needed")
     args = parser.parse_args()
@@ -166,6 +261,8 @@ def main():
         import subprocess
         env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PAGEDKV_QUIET": "1"}
         return subprocess.run([sys.executable, "-m", "pagedkv.kernels.static_report"], env=env).returncode
+    if args.unified:
+        return unified_cpu_case()
     return gpu_case() if args.gpu else cpu_case()
 
 

@@ -3,11 +3,14 @@
     python benchmarks/bench_engine.py [--requests 48] [--budget 4096]
     python benchmarks/bench_engine.py --model smollm2 [--requests 32] [--hf-batch 16]
 
-``--model smollm2``: a real chat model, SmolLM2-135M-Instruct, served three ways on the same prompts: pagedkv's
-``LLMEngine``, transformers' ``generate`` in padded static batches, and transformers' own continuous batching
-(``init_continuous_batching``, paged attention, on CPU here). See :func:`smollm2_main`.
+``--model smollm2``: a real chat model, SmolLM2-135M-Instruct, served four ways on the same prompts: pagedkv's
+``LLMEngine`` v0 and v1 (chunked prefill), transformers' ``generate`` in padded static batches, and transformers' own
+continuous batching (``init_continuous_batching``, paged attention, on CPU here); greedy answers asserted equal
+first; useful tokens/s and tokens/s over every token the model computed, against the matmul limit the script
+measures. See :func:`smollm2_main`.
 
-Both sides run the same model code and the same attention kernel (the numba CPU twin); only the policy differs:
+Both sides run the same model code and the same attention call (``unified_paged_attention``); only the policy
+differs:
 
 * **paged**: ``LLMEngine`` with ``budget / block_size`` blocks, continuous batching, preemption by recompute;
 * **static + reserve_max**: each request reserves a contiguous ``max_len`` chunk, so ``budget // max_len``
@@ -143,26 +146,36 @@ def useful(tokens, max_tokens, eos):
     return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
 
 
-def run_pagedkv(model, requests, block_size=16):
-    """All requests at once through LLMEngine; (seconds, outputs, time to first token of each, peak blocks).
+def run_pagedkv(model, requests, block_size=16, version="v0", max_num_batched_tokens=4096):
+    """All requests at once through LLMEngine; (seconds, outputs, time to first token of each, peak blocks,
+    tokens the model computed (prompt tokens not served by the prefix cache, and outputs)).
 
     The pool holds every request at its longest (no preemption, as transformers holds them all too), and is
     allocated before the clock starts, as vLLM sizes its cache at start-up. Prefix caching on (vLLM's default).
+    ``version="v1"`` with a small ``max_num_batched_tokens``: chunked prefill, prompts split across steps that
+    also carry the running requests' decodes.
     """
     blocks = sum(-(-(len(p) + m) // block_size) for p, m in requests)
-    engine = LLMEngine(model, num_gpu_blocks=blocks, block_size=block_size, max_num_batched_tokens=4096,
-                       enable_prefix_caching=True)
+    engine = LLMEngine(model, num_gpu_blocks=blocks, block_size=block_size, version=version,
+                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=True)
     start, first = time.perf_counter(), {}
     for i, (prompt, max_tokens) in enumerate(requests):
         engine.add_request(i, prompt, max_tokens)
     while engine.has_unfinished_requests():
-        out = engine.step()
+        engine.step()
         now = time.perf_counter() - start
-        for request_id, _ in out.prefills:
-            first.setdefault(request_id, now)
+        for i in range(len(requests)):  # a request's first token: the end of the step that sampled it
+            if i not in first and (i in engine.scheduler.finished or _num_output_tokens(engine, i)):
+                first[i] = now
     seconds = time.perf_counter() - start
     outputs = [engine.scheduler.finished[i] for i in range(len(requests))]
-    return seconds, outputs, [first[i] for i in range(len(requests))], engine.stats.peak_gpu_blocks
+    return (seconds, outputs, [first[i] for i in range(len(requests))], engine.stats.peak_gpu_blocks,
+            engine.stats.num_computed_tokens)
+
+
+def _num_output_tokens(engine, request_id) -> int:
+    request = engine.scheduler.requests.get(request_id)  # v0 and v1 alike
+    return len(request.output_token_ids) if request is not None else 0
 
 
 def run_hf_static(hf, requests, batch_size, pad_id):
@@ -241,21 +254,23 @@ def smollm2_main(args):
           f"(mean {sum(m for _, m in requests) / len(requests):.0f}), greedy, EOS stops")
     run_pagedkv(model, requests[:2])  # compile the CPU attention kernel before timing
 
-    p_seconds, p_out, p_first, p_peak = run_pagedkv(model, requests)
+    p_seconds, p_out, p_first, p_peak, p_computed = run_pagedkv(model, requests)
+    v_seconds, v_out, v_first, v_peak, v_computed = run_pagedkv(model, requests, version="v1",
+                                                                max_num_batched_tokens=512)
     with torch.inference_mode():
         s_seconds, s_out, s_first = run_hf_static(hf, requests, args.hf_batch, eos)
     c_seconds, c_out = run_hf_continuous(hf, requests, eos)  # its own thread: not under inference_mode
-    p_out = [useful(t, m, eos) for t, (_, m) in zip(p_out, requests)]
-    s_out = [useful(t, m, eos) for t, (_, m) in zip(s_out, requests)]
-    c_out = [useful(t, m, eos) for t, (_, m) in zip(c_out, requests)]
+    p_out, v_out, s_out, c_out = ([useful(t, m, eos) for t, (_, m) in zip(out, requests)]
+                                  for out in (p_out, v_out, s_out, c_out))
+    same_v1 = sum(a == b for a, b in zip(p_out, v_out))
     same_static = sum(a == b for a, b in zip(p_out, s_out))
     same_cb = sum(a == b for a, b in zip(p_out, c_out))
-    print(f"greedy outputs equal to pagedkv's: transformers generate {same_static}/{len(requests)}, "
-          f"continuous batching {same_cb}/{len(requests)}")
+    print(f"greedy outputs equal to pagedkv v0's: pagedkv v1 {same_v1}/{len(requests)}, transformers generate "
+          f"{same_static}/{len(requests)}, continuous batching {same_cb}/{len(requests)}")
+    assert same_v1 == len(requests), "v0 and v1 run the same model on the same pages: they must agree"
     assert same_cb == len(requests), "pagedkv and transformers' unpadded continuous batching must agree"
     assert same_static >= len(requests) - 2, "padding may flip a near-tie, not more"
 
-    tokens = sum(len(t) for t in p_out)
     kv_token = spec.kv_bytes_per_token
     static_peak = max(len(p) for p, _ in requests) + max(m for _, m in requests)
     rate = matmul_rate(c, rows=len(requests))
@@ -263,17 +278,27 @@ def smollm2_main(args):
     limit = rate * 1e9 / flops_per_token
     print(f"the limit: torch float32 matmul on this model's shapes, {len(requests)} rows: {rate:.1f} GFLOP/s; "
           f"{flops_per_token / 1e6:.0f} MFLOP per token -> at most {limit:.0f} tokens/s")
-    print(f"{'':34} useful tokens/s  mean TTFT  peak KV        of the limit")
-    rows = [("pagedkv LLMEngine (paged, v0)", tokens, p_seconds, sum(p_first) / len(p_first),
-             f"{p_peak * args.block_size * kv_token / 2**20:6.1f} MiB"),
-            (f"transformers generate (batch {args.hf_batch})", sum(len(t) for t in s_out), s_seconds,
-             sum(s_first) / len(s_first),
-             f"{args.hf_batch * static_peak * kv_token / 2**20:6.1f} MiB"),
-            ("transformers continuous batching", sum(len(t) for t in c_out), c_seconds, float("nan"), "   n/a")]
-    for name, n, seconds, ttft, peak in rows:
-        print(f"{name:34} {n / seconds:10.1f}      {ttft:6.2f} s  {peak}  {n / seconds / limit:6.1%}")
-    print(f"summary: pagedkv / transformers continuous batching {c_seconds / p_seconds * tokens / rows[2][1]:.2f}x,"
-          f" pagedkv / transformers generate {s_seconds / p_seconds * tokens / rows[1][1]:.2f}x")
+    prompts = sum(len(p) for p, _ in requests)
+    print(f"{'':40} useful tok/s  mean TTFT  peak KV     useful/limit  all tok/s  all/limit")
+    rows = [("pagedkv LLMEngine v0", p_out, p_seconds, p_first, p_peak, p_computed),
+            ("pagedkv LLMEngine v1 (chunked, 512)", v_out, v_seconds, v_first, v_peak, v_computed),
+            (f"transformers generate (batch {args.hf_batch})", s_out, s_seconds, s_first, None, None),
+            ("transformers continuous batching", c_out, c_seconds, None, None, None)]
+    for name, out, seconds, first, peak, computed in rows:
+        n = sum(len(t) for t in out)
+        computed = computed or prompts + n  # transformers computes every prompt token (no prefix cache)
+        ttft = f"{sum(first) / len(first):6.2f} s" if first else "     n/a"
+        kv = (f"{peak * args.block_size * kv_token / 2**20:6.1f} MiB" if peak else
+              f"{args.hf_batch * static_peak * kv_token / 2**20:6.1f} MiB" if first else "       n/a")
+        print(f"{name:40} {n / seconds:10.1f}  {ttft}  {kv}  {n / seconds / limit:8.1%}  {computed / seconds:9.1f}"
+              f"  {computed / seconds / limit:8.1%}")
+    tokens = sum(len(t) for t in p_out)
+    cb, gen = sum(len(t) for t in c_out), sum(len(t) for t in s_out)
+    print(f"tokens the model computed: pagedkv v0 {p_computed:,}, v1 {v_computed:,} (prompt tokens from the prefix "
+          f"cache not counted); transformers {prompts + gen:,} (generate) / {prompts + cb:,} (continuous batching)")
+    for name, seconds in (("v0", p_seconds), ("v1", v_seconds)):
+        print(f"summary: pagedkv {name} / transformers continuous batching {c_seconds / seconds * tokens / cb:.2f}x,"
+              f" pagedkv {name} / transformers generate {s_seconds / seconds * tokens / gen:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """Layer 6 — paged attention: numba.cuda kernels, a numba CPU twin, and the dense torch reference.
 
+``paged_attention`` is one decode step (one query per sequence: ``cuda.py``, ``cuda_vllm.py``, ``cpu.py``);
+``unified_paged_attention`` is a whole step's mixed batch of prefill chunks and decodes in one call, as vLLM
+0.33 attends (``unified.py``, ``cuda_unified.py``).
+
 ``configure_cuda_mode()`` runs first, before anything here imports
 ``numba.cuda``, because numba reads ``NUMBA_ENABLE_CUDASIM`` only once.
 """

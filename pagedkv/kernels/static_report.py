@@ -320,7 +320,8 @@ def unified_summary_line(row: dict) -> str:
     """``static summary: sm_90 unified prefill tile (4 queries x 4 heads) head 128 fp16: N warp instructions ...``."""
     total, block_m = sum(row["loops"].values()), row["block_q"] * row["gqa"]
     queries = "1 query" if row["block_q"] == 1 else f"{row['block_q']} queries"
-    return (f"static summary: {row['sm']} unified {row['tile']} tile ({queries} x {row['gqa']} heads) head "
+    heads = "1 head" if row["gqa"] == 1 else f"{row['gqa']} heads"
+    return (f"static summary: {row['sm']} unified {row['tile']} tile ({queries} x {heads}) head "
             f"{row['head_size']} fp16: {total:.0f} warp instructions per (query head, key) (K + V + page loads, a "
             f"lower bound), occupancy {row['occupancy']:.0%}, {row['spill_bytes']} bytes spilled; "
             f"issuing them allows <= {hbm_fraction(total, row['head_size'], block_m):.0%} of H100 HBM bandwidth "

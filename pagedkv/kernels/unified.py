@@ -133,7 +133,7 @@ def _resolve(backend: str) -> str:
 
 @dataclass
 class _Chunks:
-    """The sequences with ``q_len > 1``, padded to one rectangle: ``[S, Q]`` queries over ``[S, B]`` pages."""
+    """Sequences with ``q_len > 1`` padded to one rectangle: ``[S, Q]`` queries over ``[S, B]`` pages."""
 
     query_rows: torch.Tensor  # [S, Q] flat query row of each padded query (padding repeats the last one)
     blocks: torch.Tensor  # [S * B] physical block of each logical block (0 where a sequence has none)
@@ -145,33 +145,35 @@ class _Chunks:
 
 @dataclass
 class CpuPlan:
-    """The CPU path: the decodes in place through the numba CPU twin, the longer chunks as one padded SDPA.
+    """The CPU path: the decodes in place through the numba CPU twin, the longer chunks as padded SDPAs.
 
     A decode (``q_len = 1``) is memory-bound: the twin reads its pages where they lie, each K/V row once for
     its query-head group.  A chunk is compute-bound: its pages are gathered (one ``index_select`` of whole
-    blocks) and torch's SDPA runs every chunk at once in float32, with an explicit causal/window mask.  Two
-    groups keep the padding small (one rectangle would pad every decode to the longest chunk), as vLLM's
-    FlashInfer backend splits a batch into decodes and prefills (``split_decodes_and_prefills``,
-    ``vllm/v1/attention/backends/utils.py``).  ``benchmarks/bench_attention.py --unified`` measures the choice.
+    blocks) and torch's SDPA runs many chunks at once in float32, with an explicit causal/window mask.  The
+    decodes apart, as vLLM's FlashInfer backend splits a batch into decodes and prefills
+    (``split_decodes_and_prefills``, ``vllm/v1/attention/backends/utils.py``): one rectangle would pad every
+    decode to the longest chunk.  The chunks go in a few rectangles of similar sizes (:func:`_buckets`), so a
+    600-token prompt does not pad thirty 40-token ones.  ``benchmarks/bench_attention.py --unified`` measures it.
     """
 
     shape: UnifiedShape
     decode_rows: torch.Tensor  # flat rows of the decodes
     decode_tables: torch.Tensor  # their block tables, int32
     decode_seq_lens: torch.Tensor
-    chunks: _Chunks | None
+    chunks: list  # of _Chunks, one SDPA each
 
     @classmethod
     def build(cls, cu_seqlens_q, seq_lens, block_tables, shape: UnifiedShape) -> CpuPlan:
         q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         decodes, longer = (q_lens == 1).nonzero().flatten(), (q_lens > 1).nonzero().flatten()
-        chunks = _chunks(longer, cu_seqlens_q, q_lens, seq_lens, block_tables, shape) if longer.numel() else None
+        chunks = [_chunks(bucket, cu_seqlens_q, q_lens, seq_lens, block_tables, shape)
+                  for bucket in _buckets(longer, q_lens, seq_lens)]
         return cls(shape, cu_seqlens_q[decodes].long(), block_tables[decodes].contiguous(),
                    seq_lens[decodes].contiguous(), chunks)
 
     def run(self, query, key_cache, value_cache) -> torch.Tensor:
         shape = self.shape
-        if self.chunks is None:  # decodes only: no scatter
+        if not self.chunks:  # decodes only: no scatter
             return paged_attention_cpu(query, key_cache, value_cache, self.decode_tables, self.decode_seq_lens,
                                        shape.scale, shape.sliding_window)
         out = torch.empty(query.shape, dtype=query.dtype)
@@ -179,7 +181,13 @@ class CpuPlan:
             out[self.decode_rows] = paged_attention_cpu(query[self.decode_rows], key_cache, value_cache,
                                                         self.decode_tables, self.decode_seq_lens, shape.scale,
                                                         shape.sliding_window)
-        c = self.chunks
+        for c in self.chunks:
+            out[c.out_rows] = self._attend_chunks(c, query, key_cache, value_cache)
+        return out
+
+    def _attend_chunks(self, c: _Chunks, query, key_cache, value_cache) -> torch.Tensor:
+        """One rectangle of chunks through SDPA; the real queries' outputs, in ``c.out_rows`` order."""
+        shape = self.shape
         num_seqs, max_q = c.query_rows.shape
         q = query[c.query_rows.flatten()].view(num_seqs, max_q, shape.num_heads, shape.head_size)
         # whole pages, one index per block; slots past a sequence's end are zeroed (a masked key must not be
@@ -190,8 +198,27 @@ class CpuPlan:
         o = F.scaled_dot_product_attention(q.float().transpose(1, 2), keys.float().transpose(1, 2),
                                            values.float().transpose(1, 2), attn_mask=c.mask, scale=shape.scale,
                                            enable_gqa=True)
-        out[c.out_rows] = o.transpose(1, 2)[c.real].to(query.dtype)
-        return out
+        return o.transpose(1, 2)[c.real].to(query.dtype)
+
+
+def _buckets(members, q_lens, seq_lens, slack: float = 2.0) -> list:
+    """``members`` in groups whose padded rectangle (count x longest chunk x longest context) costs at most
+    ``slack`` times their real work (the sum of ``q_len x seq_len``): longest chunks first, a new group when the
+    next one would break that."""
+    order = sorted(members.tolist(), key=lambda s: (-int(q_lens[s]), -int(seq_lens[s])))
+    buckets, current, real, longest_kv = [], [], 0, 0
+    for s in order:
+        q, kv = int(q_lens[s]), int(seq_lens[s])
+        if current:
+            padded = (len(current) + 1) * int(q_lens[current[0]]) * max(longest_kv, kv)
+            if padded > slack * (real + q * kv):
+                buckets.append(torch.tensor(current))
+                current, real, longest_kv = [], 0, 0
+        current.append(s)
+        real, longest_kv = real + q * kv, max(longest_kv, kv)
+    if current:
+        buckets.append(torch.tensor(current))
+    return buckets
 
 
 def _chunks(members, cu_seqlens_q, q_lens, seq_lens, block_tables, shape: UnifiedShape) -> _Chunks:
