@@ -283,14 +283,15 @@ def _kernel_lane_work(lane, block_size, num_words):
     return kernel_lane_work(lane, block_size, num_words)
 
 
-def merge(m_a, s_a, o_a, m_b, s_b, o_b):
-    """Two partial softmax summaries (max logit, sum of exp(logit - max), normalised output) merged into one: the
-    v2 reduce kernel's combination, and one step of an online softmax (vLLM 0.33: ``merge_attn_states``)."""
+def merge(m_a, s_a, acc_a, m_b, s_b, acc_b):
+    """Two partial softmax summaries (max logit, sum of exp(logit - max), unnormalised output sum of
+    exp(logit - max) * v) merged into one: one step of an online softmax, as vLLM 0.33's ``unified_attention``
+    rescales its ``acc`` by ``alpha`` (``v1/attention/ops/triton_unified_attention.py``)."""
     import math
 
     m = max(m_a, m_b)
-    w_a, w_b = s_a * math.exp(m_a - m), s_b * math.exp(m_b - m)  # each part's sum, rescaled to the new max
-    return m, w_a + w_b, (w_a * o_a + w_b * o_b) / (w_a + w_b)
+    alpha_a, alpha_b = math.exp(m_a - m), math.exp(m_b - m)  # each part rescaled to the new max
+    return m, alpha_a * s_a + alpha_b * s_b, alpha_a * acc_a + alpha_b * acc_b
 
 
 def _chunk_keys_read():
@@ -374,10 +375,11 @@ def _preemption_replay(arrival_order=("q4", "q1", "q3", "q0", "q2")):
 
 def _swap_crossover_block_size():
     """The smallest power-of-two block size at which swapping 500 tokens out and back in costs less than
-    recomputing them, under the notebook's CostModel."""
+    recomputing them, under the notebook's CostModel on a host with 20 us of overhead per copy (twice the
+    default, so the answer is not section 6's table's)."""
     from ..sim import CostModel
 
-    cost = CostModel()
+    cost = CostModel(copy_overhead_ms=0.02)
     return next(b for b in (2 ** i for i in range(12)) if 2 * cost.swap_ms(500, b) < cost.recompute_ms(500))
 
 
@@ -619,9 +621,9 @@ EXERCISES: dict[str, Exercise] = {
                       cases=((1.0, 2.0, 0.5, 3.0, 1.0, -1.0), (0.0, 1.0, 2.0, 0.0, 3.0, 4.0),
                              (800.0, 1.5, 0.25, 790.0, 4.0, 2.0), (-2.0, 5.0, 1.0, 2.5, 0.5, -3.0),
                              (3.0, 2.0, 0.0, -40.0, 7.0, 10.0)),
-                      hint="bring both sums to the larger of the two maxima before adding them (exp of a difference, "
-                           "never of a logit alone); the merged output is each part's output weighted by its share "
-                           "of the merged sum."),
+                      hint="bring both parts to the larger of the two maxima before adding them (exp of a "
+                           "difference, never of a logit alone); an unnormalised accumulator scales like its sum, "
+                           "and nothing is divided until the very end."),
     "07.E3": Exercise("(keys read, causal; keys read, window 30)", expected=_chunk_keys_read,
                       hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "
                            "position; a window keeps only the last W of those."),
