@@ -51,3 +51,13 @@ def test_only_the_displayed_widgets_keep_state():
         assert len(models) <= 100 * max(1, len(shown)), (path.name, len(models), len(shown))
         # a widget's drawing is not stored twice: the still picture beside it is what readers see
         assert "image/png" not in json.dumps(models), f"{path.name}: an image in the stored widget state"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_every_figure_has_alt_text(path):
+    """A screen reader, and nbconvert's HTML (nbgrader's feedback), read a figure's description from its cell's
+    ``alt`` metadata; without one, nbconvert logs "Alternative text is missing" (issue #38)."""
+    for index, cell in enumerate(cells(path)):
+        if cell["cell_type"] == "code" and any("image/png" in o.get("data", {}) for o in cell["outputs"]):
+            alt = cell["metadata"].get("alt", "")
+            assert len(alt) > 20, f"{path.name} cell {index} ({cell.get('id')}): a figure with no alt text"
