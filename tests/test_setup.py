@@ -80,8 +80,11 @@ def installed_from_a_clone_named_pagedkv(tmp_path, mode: str) -> subprocess.Comp
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--config-settings", f"editable_mode={mode}", "-e", str(clone), "--target", str(site)],
                    check=True, capture_output=True)
-    script = f"import site; site.addsitedir({str(site)!r}); import pagedkv; from pagedkv import AllocStatus; " \
-             "print(pagedkv.__file__)"
+    # The venv running this test may have this checkout installed in compat mode too (make test does that): its .pth
+    # puts the checkout on sys.path, which a student's environment would not have. Drop it, then add the install.
+    script = f"import os, site, sys; sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != " \
+             f"{str(ROOT.resolve())!r}]; site.addsitedir({str(site)!r}); import pagedkv; " \
+             "from pagedkv import AllocStatus; print(pagedkv.__file__)"
     return subprocess.run([sys.executable, "-c", script], cwd=clone.parent, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PAGEDKV_QUIET": "1"})  # no PYTHONPATH of this checkout
 
