@@ -375,7 +375,7 @@ def test_the_hbm_estimate_follows_its_formula():
 
     # head 128 fp16 at GQA 4: 128 bytes of K+V per (query head, token); 107 instructions: about a third
     assert hbm_fraction(107, 128, 4) == pytest.approx(128 * H100_WARP_INSTRUCTIONS_PER_S / 107 / 3.35e12)
-    assert 0.30 < hbm_fraction(107, 128, 4) < 0.36
+    assert 0.30 < hbm_fraction(107, 128, 4) < 0.40  # 0.37 at the H100 SXM's 1.98 GHz boost clock
     assert hbm_fraction(20, 128, 1) > 1  # memory-bound: the issue rate is not the limit
     row = dict(sm="sm_90", flavour="vllm-gqa", head_size=128, occupancy=0.5, spill_bytes=0,
                loops=[(87, 8, 10.9), (65, 8, 8.1)])

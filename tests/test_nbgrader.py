@@ -213,7 +213,7 @@ def test_released_answer_cells_are_the_labs_stubs(graded):
 
 def test_run_all_on_a_released_blank_notebook_goes_through(graded):
     """A student's Run All on a released notebook (no nbgrader, so checks print): no cell fails, every check
-    says there is no answer yet. Notebook 07: a value exercise and one whose answer is a function's body."""
+    says there is no answer yet. Notebook 07: two exercises whose answers are a function's body, and a value."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
@@ -223,7 +223,7 @@ def test_run_all_on_a_released_blank_notebook_goes_through(graded):
     NotebookClient(notebook, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()  # raises if any cell fails
     checks = [c for c in notebook.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    assert len(checks) == 2
+    assert len(checks) == 3
     for cell in checks:
         assert "[not yet]" in outputs_text(cell) and "no answer yet" in outputs_text(cell), outputs_text(cell)
 
