@@ -1,5 +1,5 @@
 """Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | reading [--out course/]
-| visualize``."""
+| visualize | trace <run> [--html run.html] [--json run.json] | site [--out site/]``."""
 
 from __future__ import annotations
 
@@ -123,6 +123,48 @@ def voila_command(port: int, open_browser: bool) -> list[str]:
     return command if open_browser else command + ["--no-browser"]
 
 
+def trace(name: str | None, html_path: str | None, json_path: str | None) -> int:
+    """Record one of the course's runs (``pagedkv/viz/runs.py``) and write it as a page and/or JSON."""
+    os.environ.setdefault("PAGEDKV_QUIET", "1")
+    from pagedkv.errors import PagedKVError
+    from pagedkv.viz.runs import RUNS, get_run
+
+    if name is None:
+        for run in RUNS:
+            print(f"{run.name:<12} {run.title} (notebook {run.notebook})")
+        return 0
+    try:
+        run = get_run(name)
+    except PagedKVError as error:
+        return fail(str(error))
+    if not html_path and not json_path:
+        return fail("say where to write it: --html run.html (a page that opens from disk) and/or --json run.json.")
+    recorded = run.record()
+    try:
+        for path, write in ((html_path, recorded.write_html), (json_path, recorded.write)):
+            if path:
+                print(write(path))
+    except OSError as error:
+        return fail(f"cannot write the trace: {error.strerror or error}.")
+    return 0
+
+
+def site(course: str, out: str) -> int:
+    os.environ.setdefault("PAGEDKV_QUIET", "1")
+    from pagedkv.viz.site import build_site
+
+    if not Path(course).is_dir():
+        return fail(f"--course {course} is not a folder of reading copies (python -m pagedkv reading writes them).")
+    if Path(out).exists() and not Path(out).is_dir():
+        return fail(f"--out {out} is a file; give a folder for the site (default: site/).")
+    try:
+        pages = build_site(course, out)
+    except OSError as error:
+        return fail(f"cannot write the site to {out}: {error.strerror or error}.")
+    print(f"wrote {len(pages)} pages to {out} (open {Path(out) / 'index.html'})")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pagedkv", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -139,7 +181,19 @@ def main(argv=None) -> int:
     viz = commands.add_parser("visualize", help="serve the block-table visualizer as a web app (Voila) on 127.0.0.1")
     viz.add_argument("--port", type=tcp_port, default=8866, help="port on 127.0.0.1, 1-65535 (default: 8866)")
     viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    rec = commands.add_parser("trace", help="record one of the course's runs and write it as a player page that "
+                                            "opens from disk (--html) or as JSON (--json); no run: list them")
+    rec.add_argument("run", nargs="?", help="the run's name (python -m pagedkv trace lists them)")
+    rec.add_argument("--html", help="write a self-contained HTML player here")
+    rec.add_argument("--json", help="write the trace's JSON here")
+    web = commands.add_parser("site", help="render the reading copies as a static site, the key runs as players")
+    web.add_argument("--out", default="site/", help="output folder (default: site/)")
+    web.add_argument("--course", default="course/", help="the reading copies (default: course/)")
     args = parser.parse_args(argv)
+    if args.command == "trace":
+        return trace(args.run, args.html, args.json)
+    if args.command == "site":
+        return site(args.course, args.out)
     if args.command == "visualize":
         return visualize(args.port, not args.no_browser)
     if args.command == "info":
