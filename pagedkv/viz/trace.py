@@ -289,7 +289,7 @@ def record_scheduler(scheduler, target, title: str = "", description: str = "", 
     recorder = TraceRecorder(target, title, f"{'v1' if v1 else 'v0'} scheduler", description)
     arrivals = dict(arrivals or {})
     step = 0
-    while recorder.num_steps <= max_steps and (scheduler.has_unfinished_requests() or any(k > step for k in arrivals)):
+    while recorder.num_steps <= max_steps and (scheduler.has_unfinished_requests() or any(k >= step for k in arrivals)):
         for request in arrivals.pop(step, ()):
             scheduler.add_request(*request)
         step += 1
@@ -385,7 +385,9 @@ def load_trace(source) -> Trace:
     wrong with a file that is empty, not JSON, or not a pagedkv trace of this version."""
     if isinstance(source, Trace):
         return source
-    if isinstance(source, (str, Path)) and not str(source).lstrip().startswith("{"):
+    looks_like_path = isinstance(source, str) and source.strip() and source.lstrip()[0] not in "{[\"" and \
+        Path(source).is_file()
+    if isinstance(source, Path) or looks_like_path:
         try:
             source = Path(source).read_text(encoding="utf-8")
         except OSError as error:
