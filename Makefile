@@ -34,7 +34,7 @@ ASSIGNMENT ?= pagedkv
 # nbgrader runs in the course folder with the venv's bin/ first on PATH: it calls its `alembic` by name.
 NBGRADER = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(PY))" -m nbgrader
 
-.PHONY: lab labs test lint figures bench visualizer clean grading release autograde feedback
+.PHONY: lab labs test lint figures bench visualizer site clean grading release autograde feedback
 
 define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -97,6 +97,11 @@ lint: $(STAMP)
 
 figures: $(STAMP)
 	$(PY) -m pagedkv figures --out figures/
+
+# The reading copies (course/) as a static site in site/ (nbconvert; no network at build or view time), the course's
+# key runs embedded as players (pagedkv/viz/runs.py); open site/index.html from disk, or serve the folder.
+site: $(LAB_STAMP)
+	$(PY) -m pagedkv site --course course/ --out site/
 
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

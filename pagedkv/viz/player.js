@@ -345,8 +345,9 @@ function message(el, words) {
   el.querySelector(".pkv-error").textContent = `This trace cannot be played: ${words}`;
 }
 
-// Play `source` (a trace object, or its JSON text) in `el`; {show(i), count, current(), destroy()}.
-export function mount(el, source, { onStep = null } = {}) {
+// Play `source` (a trace object, or its JSON text) in `el` from step `start`; {show(i), count, current(), destroy()}.
+// `onStep(i)` hears of each step the reader moves to (buttons, slider, arrow keys), not of show(i) calls.
+export function mount(el, source, { onStep = null, start = 0 } = {}) {
   let trace, frames;
   try {
     trace = typeof source === "string" ? parseTrace(source) : source;
@@ -374,7 +375,7 @@ export function mount(el, source, { onStep = null } = {}) {
   const $ = (selector) => el.querySelector(selector);
   $(".pkv-title").textContent = trace.title || "pagedkv trace";
   let current = 0;
-  function show(i) {
+  function show(i, notify = true) {  // notify: a step the reader chose, which onStep hears of
     const step = Math.max(0, Math.min(frames.length - 1, Number.isInteger(i) ? i : 0));
     const frame = frames[step];
     try {
@@ -395,7 +396,7 @@ export function mount(el, source, { onStep = null } = {}) {
     $(".pkv-forward").disabled = step === frames.length - 1;
     $(".pkv-last").disabled = step === frames.length - 1;
     el.dataset.step = String(step);
-    if (onStep) onStep(step);
+    if (onStep && notify) onStep(step);
   }
   $(".pkv-first").addEventListener("click", () => show(0));
   $(".pkv-back").addEventListener("click", () => show(current - 1));
@@ -406,8 +407,8 @@ export function mount(el, source, { onStep = null } = {}) {
     if (e.key === "ArrowRight") { show(current + 1); e.preventDefault(); }
     if (e.key === "ArrowLeft") { show(current - 1); e.preventDefault(); }
   });
-  show(0);
-  return { show, count: frames.length, current: () => current, destroy() { el.innerHTML = ""; }, error: false };
+  show(start, false);
+  return { show: (i) => show(i, false), count: frames.length, current: () => current, destroy() { el.innerHTML = ""; }, error: false };
 }
 
 // Every player of a page (its trace in the <script type="application/json"> its data-trace names), and every
@@ -435,9 +436,8 @@ function render({ model, el }) {
   const onStep = (i) => {
     if (model.get("step") !== i) { model.set("step", i); model.save_changes(); }
   };
-  let player = mount(el, model.get("trace"), { onStep });
-  player.show(model.get("step") || 0);
-  const retrace = () => { player = mount(el, model.get("trace"), { onStep }); };
+  let player = mount(el, model.get("trace"), { onStep, start: model.get("step") || 0 });
+  const retrace = () => { player = mount(el, model.get("trace"), { onStep, start: model.get("step") || 0 }); };
   const restep = () => player.show(model.get("step"));
   model.on("change:trace", retrace);
   model.on("change:step", restep);

@@ -7,8 +7,8 @@ renumbering the course moves nothing), a title, and a function that records it. 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -134,8 +134,9 @@ def hybrid_request() -> Trace:
                             "queue and the null block stands in for them.", arrivals=arrivals)
 
 
-def engine_v1(num_requests: int = 20, max_steps: int = 200) -> Trace:
-    """The tiny Llama served by the v1 engine for ``max_steps`` steps: chunked prefill, preemption, prefix hits."""
+def v1_engine_with_requests(num_requests: int = 20):
+    """The tiny Llama on pagedkv's v1 engine (40 blocks of 8, a 64-token budget), ``num_requests`` queued whose
+    prompts share prefixes (four starting points in the same text)."""
     from ..decoding import synthetic_prompt, tiny_engine
 
     engine = tiny_engine(num_gpu_blocks=40, block_size=8, version="v1", backend="torch", max_num_batched_tokens=64,
@@ -143,6 +144,12 @@ def engine_v1(num_requests: int = 20, max_steps: int = 200) -> Trace:
     for i in range(num_requests):
         engine.add_request(f"r{i}", synthetic_prompt(20 + 7 * (i % 5), seed=i % 4), 24 + 16 * (i % 4),
                            ignore_eos=True)
+    return engine
+
+
+def engine_v1(num_requests: int = 20, max_steps: int = 200) -> Trace:
+    """The tiny Llama served by the v1 engine for ``max_steps`` steps: chunked prefill, preemption, prefix hits."""
+    engine = v1_engine_with_requests(num_requests)
     return record_engine(engine, "The v1 engine, 200 steps",
                          f"{num_requests} requests on the tiny Llama through pagedkv's v1 engine (40 blocks of 8, "
                          "a 64-token budget): chunked prefill, prefix hits, preemption by recompute.",

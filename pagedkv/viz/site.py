@@ -25,7 +25,7 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block extra_css -%}<style>
+{%- block extra_css -%}<link rel="icon" href="data:,"><style>
 .pkv-nav { font-family: system-ui, sans-serif; font-size: 14px; padding: 8px 16px; background: #f3f3f3;
   border-bottom: 1px solid #ddd; display: flex; gap: 18px; flex-wrap: wrap; }
 .pkv-nav a { color: #0b5394; text-decoration: none; }
@@ -40,7 +40,7 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 
 INDEX = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>pagedkv: how vLLM manages the KV cache in pages</title>
+<title>pagedkv: how vLLM manages the KV cache in pages</title><link rel="icon" href="data:,">
 <style>body {{ font-family: system-ui, sans-serif; max-width: 60em; margin: 2em auto; padding: 0 1em; color: #222; }}
 li {{ margin: 0.4em 0; }} .runs {{ color: #555; font-size: 0.9em; }} a {{ color: #0b5394; }}</style>
 </head><body>
@@ -82,6 +82,24 @@ def runs_cell(runs: list, traces: dict) -> nbformat.NotebookNode:
     return nbformat.v4.new_raw_cell("\n".join(parts), metadata={"pagedkv_players": True})
 
 
+IMAGE = re.compile(r"(!\[[^\]]*\]\()(?!https?:|data:)([^)\s]+)(\))")
+
+
+def rebase_images(nb, folder: Path, base: Path) -> None:
+    """Markdown images (``../figures/x.png``) as paths from ``base``, where nbconvert's ``embed_images`` looks (it
+    reads nothing above the folder it is given), so they are inlined as data URLs."""
+    def rebase(match):
+        target = (folder / match.group(2)).resolve()
+        try:
+            return f"{match.group(1)}{target.relative_to(base.resolve()).as_posix()}{match.group(3)}"
+        except ValueError:
+            return match.group(0)
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = IMAGE.sub(rebase, cell.source)
+
+
 def build_site(course="course/", out="site/", runs=None) -> list[Path]:
     """Render every ``course/NN_*.ipynb`` to ``out``, with its runs as players, and an index; the pages written."""
     from jinja2 import DictLoader
@@ -102,10 +120,11 @@ def build_site(course="course/", out="site/", runs=None) -> list[Path]:
     for (path, nb), title in zip(notebooks, titles):
         mine = [r for r in runs if r.notebook == notebook_name(path)]
         traces = {r.name: r.record() for r in mine}
+        rebase_images(nb, path.parent, course.parent)
         if mine:
             nb.cells.insert(min(2, len(nb.cells)), runs_cell(mine, traces))  # after the reading header and title
         body, _ = exporter.from_notebook_node(nb, resources={
-            "metadata": {"name": title, "path": str(path.parent)},
+            "metadata": {"name": title, "path": str(course.parent)},
             "pagedkv_nav": nav, "pagedkv_script": script if mine else ""})
         target = out / f"{path.stem}.html"
         target.write_text(body, encoding="utf-8")

@@ -500,7 +500,7 @@ def _state(data, frame) -> ManagerState:
 # ------------------------------------------------------------------------------------------------ the page
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
+<title>{title}</title><link rel="icon" href="data:,">
 <style>body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
 .pkv-open {{ margin: 1em 0; font-size: 0.9em; color: #555; }}</style>
 </head><body>

@@ -31,7 +31,9 @@ if anywidget is not None:
 
         def play(self, trace) -> None:
             """Show another trace, from its first step."""
-            self.trace, self.step = load_trace(trace).data, 0
+            data = load_trace(trace).data
+            with self.hold_sync():  # one message: the page never draws the new trace at the old step
+                self.trace, self.step = data, 0
 
         def __len__(self) -> int:
             return len(self.trace.get("steps", ()))
