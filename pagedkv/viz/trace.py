@@ -205,8 +205,10 @@ def encode_lines(before: list[str], after: list[str]) -> list:
     ``k`` to ``k + n - 1``), or ``[k, p, "middle", s]`` (line ``k``'s first ``p`` characters, then ``middle``, then
     its last ``s``): a text map changes a few characters a step, mostly."""
     where: dict = {}
+    starts: dict = {}  # a line's first 12 characters -> the lines of before that start so (edit candidates)
     for i, line in enumerate(before):
         where.setdefault(line, i)
+        starts.setdefault(line[:12], []).append(i)
     out: list = []
     for line in after:
         k = where.get(line)
@@ -220,9 +222,8 @@ def encode_lines(before: list[str], after: list[str]) -> list:
                 out.append(k)
             continue
         best, cost = line, len(line)
-        for k, old in enumerate(before):
-            if old[:1] != line[:1]:
-                continue
+        for k in starts.get(line[:12], ()):
+            old = before[k]
             p = len(_common_prefix(old, line))
             s = len(_common_prefix(old[p:][::-1], line[p:][::-1]))
             if len(line) - p - s + 12 < cost:  # about what the four numbers and brackets take
