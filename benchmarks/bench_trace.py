@@ -21,13 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from browser_helpers import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-
 from pagedkv.v1 import KVCacheManager, Scheduler  # noqa: E402
 from pagedkv.viz.runs import engine_v1  # noqa: E402
 from pagedkv.viz.trace import record_scheduler  # noqa: E402
 
 from _common import machine  # noqa: E402
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 DRAW_EVERY_STEP = """() => {
   const player = document.querySelector('.pkv-player'), times = [];

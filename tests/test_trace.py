@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagedkv import BlockSpaceManager, PagedKVCache
 from pagedkv.__main__ import main
@@ -154,3 +155,9 @@ def test_trace_player_widget_holds_the_trace():
     assert "export default" in Path(player._esm).read_text() if isinstance(player._esm, Path) else player._esm
     with pytest.raises(PagedKVValueError):
         TracePlayer("")
+    cache = PagedKVCache(num_gpu_blocks=4, block_size=2, num_kv_heads=1, head_size=1)
+    recorder = TraceRecorder(cache, "live")
+    cache.add_sequence("A", torch.zeros(3, 1, 1), torch.zeros(3, 1, 1))
+    recorder.record("add A")
+    player.follow(recorder)
+    assert player.step == 1 and player.trace["steps"][1]["label"] == "add A"

@@ -2,7 +2,8 @@
 
 An anywidget (ES-module widget: JupyterLab, Notebook 7 and VS Code run it with no extension to install); its
 ``trace`` is the trace's JSON object, its ``step`` the step shown, synced both ways (``player.step = 5`` moves the
-page; the buttons and the slider move ``player.step``). Needs the ``lab`` extra (``pip install anywidget``).
+page; the buttons and the slider move ``player.step``); ``follow(recorder)`` shows a run as it is recorded.
+Needs the ``lab`` extra (``pip install anywidget``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ if anywidget is not None:
             data = load_trace(trace).data
             with self.hold_sync():  # one message: the page never draws the new trace at the old step
                 self.trace, self.step = data, 0
+
+        def follow(self, recorder) -> None:
+            """Show a :class:`TraceRecorder`'s steps so far, at the last one: call it after each step a cell runs
+            (an engine's, a scheduler's, a hand-made call on a cache) to watch the run live."""
+            data = recorder.trace().data
+            with self.hold_sync():
+                self.trace, self.step = data, len(data["steps"]) - 1
 
         def __len__(self) -> int:
             return len(self.trace.get("steps", ()))
