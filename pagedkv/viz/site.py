@@ -5,7 +5,8 @@ template, with every script it would fetch from a CDN left out: require.js, Math
 manager), so nothing is requested from the network at build or view time; the few display equations stay as
 their TeX source. The runs of ``runs.RUNS`` whose ``notebook`` is that notebook's name (without its number) are
 recorded and embedded after its title cell, each a ``player.js`` player with its trace inline, so a page also
-plays when opened from disk. ``index.html`` lists the notebooks in course order. The answers stay out as the
+plays when opened from disk. A figure's ``alt`` (the cell metadata the course gives each one) becomes its image's
+alternative text. ``index.html`` lists the notebooks in course order. The answers stay out as the
 reading copies keep them out: the site is made from ``course/``, never from ``notebooks/``.
 """
 
@@ -33,6 +34,11 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 </style>{%- endblock extra_css -%}
 {%- block body_header -%}{{ super() }}{{ resources.pagedkv_nav }}{%- endblock body_header -%}
 {%- block footer_js -%}{{ resources.pagedkv_script }}{%- endblock footer_js -%}
+{%- block data_png scoped -%}
+<div class="jp-RenderedImage jp-OutputArea-output {{ extra_class }}">
+<img src="data:image/png;base64,{{ output.data['image/png'] | escape_html }}"
+ alt="{{ cell.metadata.get('alt', 'A figure: its text map follows.') | escape_html }}"></div>
+{%- endblock data_png -%}
 {%- block any_cell -%}
 {%- if cell.metadata.get("pagedkv_players") -%}{{ cell.source }}{%- else -%}{{ super() }}{%- endif -%}
 {%- endblock any_cell -%}
