@@ -203,6 +203,14 @@ function drawMap(trace, frame, colors) {
   const event = frame.event || {};
   const marked = new Set(event.highlight || []), copied = new Set(event.sources || []);
   const out = [], edges = [];
+  // A large map (no labels) gathers its rectangles into one path per colour, as block_map.py gathers them into
+  // one PolyCollection: a few elements instead of thousands, so a 512-block step still draws quickly.
+  const batch = !labels, paths = new Map();
+  const fillRect = (x, y, w, h, color, extra = "") => {
+    if (!batch) { out.push(rect(x, y, w, h, color, extra)); return; }
+    const d = `M${x.toFixed(3)} ${y.toFixed(3)}h${w.toFixed(3)}v${h.toFixed(3)}h${(-w).toFixed(3)}z`;
+    paths.set(color, (paths.get(color) || "") + d);
+  };
   let x0 = 0;
   for (const [device, n, offset] of pools) {
     out.push(text(x0, -0.35, `${device.toUpperCase()} pool (${n} blocks)`, { size: 9, bold: true }));
@@ -212,24 +220,24 @@ function drawMap(trace, frame, colors) {
       const free = freePos[device].get(id);
       const attrs = ` data-device="${device}" data-block="${id}"`;
       if (device === "gpu" && id === nullBlock) {
-        out.push(rect(x, y, CELL, CELL, NULL, `${attrs} class="pkv-null"`));
+        fillRect(x, y, CELL, CELL, NULL, `${attrs} class="pkv-null"`);
         if (labels) {
           out.push(text(x + 0.04, y + 0.04, id, { base: "hanging", color: "white" }));
           out.push(text(x + 0.45, y + 0.55, "null", { anchor: "middle", base: "central", color: "white" }));
         }
       } else if (free !== undefined) {
-        out.push(rect(x, y, CELL, CELL, hash >= 0 ? CACHED : FREE, `${attrs} data-free="${free}"`));
+        fillRect(x, y, CELL, CELL, hash >= 0 ? CACHED : FREE, `${attrs} data-free="${free}"`);
       } else {
         const known = owners.filter((s) => colors.has(s));
         const stripes = known.length ? known : [null];
         const stripe = CELL / stripes.length, filled = CELL * numTokens / blockSize;
-        out.push(`<g${attrs} data-ref="${ref}" data-seqs="${esc(owners.map((s) => trace.ids[s]).join(","))}">`);
+        if (!batch) out.push(`<g${attrs} data-ref="${ref}" data-seqs="${esc(owners.map((s) => trace.ids[s]).join(","))}">`);
         stripes.forEach((s, k) => {
           const color = s === null ? UNKNOWN : colors.get(s);
-          out.push(rect(x + k * stripe, y, stripe, CELL, lighter(color)));
-          out.push(rect(x + k * stripe, y + CELL - filled, stripe, filled, color));
+          fillRect(x + k * stripe, y, stripe, CELL, lighter(color));
+          fillRect(x + k * stripe, y + CELL - filled, stripe, filled, color);
         });
-        out.push("</g>");
+        if (!batch) out.push("</g>");
       }
       if (labels && !(device === "gpu" && id === nullBlock)) {
         out.push(text(x + 0.04, y + 0.04, id, { base: "hanging" }));
@@ -242,7 +250,8 @@ function drawMap(trace, frame, colors) {
       }
       const index = offset + id;
       const color = marked.has(index) ? HIGHLIGHT : copied.has(index) ? SOURCE : EDGE;
-      edges.push(outline(x, y, color, color === EDGE ? 0.6 : 2.2, color === EDGE ? "" : ` class="pkv-${color === HIGHLIGHT ? "highlight" : "source"}"`));
+      if (batch && color === EDGE) paths.set("edge", (paths.get("edge") || "") + `M${x} ${y}h${CELL}v${CELL}h${-CELL}z`);
+      else edges.push(outline(x, y, color, color === EDGE ? 0.6 : 2.2, color === EDGE ? "" : ` class="pkv-${color === HIGHLIGHT ? "highlight" : "source"}"`));
     }
     x0 += cols[device] + 1;
   }
@@ -259,7 +268,7 @@ function drawMap(trace, frame, colors) {
       table.forEach((blockId, i) => {
         const isNull = blockId === nullBlock;
         if (!labels) {
-          out.push(rect(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, isNull ? NULL : color));
+          fillRect(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, isNull ? NULL : color);
           return;
         }
         out.push(rect(i, y + 0.1, CELL, 0.8, isNull ? NULL : color, ` stroke="${EDGE}" stroke-width="${(0.6 * PT).toFixed(4)}"`));
@@ -277,7 +286,10 @@ function drawMap(trace, frame, colors) {
     + ` width="${Math.round(viewW * PX)}" height="${Math.round(viewH * PX)}" font-family="DejaVu Sans, Verdana, sans-serif"`
     + ` role="img" aria-label="${esc(title)}">`
     + text((left + right) / 2, -0.95, title, { size: 10, anchor: "middle" })
-    + out.join("") + edges.join("") + "</svg>";
+    + [...paths].filter(([c]) => c !== "edge").map(([c, d]) => `<path d="${d}" fill="${c}"/>`).join("")
+    + out.join("")
+    + (paths.has("edge") ? `<path d="${paths.get("edge")}" fill="none" stroke="${EDGE}" stroke-width="${(0.6 * PT).toFixed(4)}"/>` : "")
+    + edges.join("") + "</svg>";
 }
 
 function keyHtml(trace, frame) {
@@ -330,7 +342,7 @@ const STYLE = `
 .pkv-root .pkv-figure { flex: 1 1 420px; min-width: 300px; overflow-x: auto; }
 .pkv-root .pkv-map { max-width: 100%; height: auto; display: block; }
 .pkv-root .pkv-text { flex: 1 1 360px; margin: 0; padding: 6px; background: #f7f7f7; border: 1px solid #e2e2e2;
-  font-size: 12px; line-height: 1.3; overflow-x: auto; white-space: pre; }
+  font-size: 12px; line-height: 1.3; overflow: auto; max-height: 85vh; white-space: pre; }
 .pkv-root .pkv-summary { font-family: ui-monospace, monospace; font-size: 13px; margin: 4px 0; }
 .pkv-root .pkv-what, .pkv-root .pkv-queues, .pkv-root .pkv-counters { font-size: 12px; color: #444; margin: 2px 0; }
 .pkv-root .pkv-key { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 12px; margin: 6px 0; }

@@ -30,8 +30,9 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 .pkv-nav { font-family: system-ui, sans-serif; font-size: 14px; padding: 8px 16px; background: #f3f3f3;
   border-bottom: 1px solid #ddd; display: flex; gap: 18px; flex-wrap: wrap; }
 .pkv-nav a { color: #0b5394; text-decoration: none; }
-.pkv-runs { padding: 0 16px 0 calc(var(--jp-cell-prompt-width, 64px) + 22px); font-family: var(--jp-content-font-family);
-  color: var(--jp-content-font-color1); font-size: var(--jp-content-font-size1); }
+.pkv-runs { padding: 0 16px 0 calc(var(--jp-cell-prompt-width, 64px) + 22px);
+  font-family: var(--jp-content-font-family); color: var(--jp-content-font-color1);
+  font-size: var(--jp-content-font-size1); }
 </style>{%- endblock extra_css -%}
 {%- block body_header -%}{{ super() }}{{ resources.pagedkv_nav }}{%- endblock body_header -%}
 {%- block footer_js -%}{{ resources.pagedkv_script }}{%- endblock footer_js -%}
