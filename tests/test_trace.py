@@ -122,6 +122,18 @@ def test_an_edited_trace_is_refused():
         load_trace(data)
 
 
+@pytest.mark.parametrize("edit", [
+    lambda d: d["steps"][0].update(blocks=[1, 2]), lambda d: d["steps"].__setitem__(1, []),
+    lambda d: d["steps"][1].update(seqs=[[0]] * 3 + ["x"]), lambda d: d["steps"][1].update(counters=5),
+    lambda d: d["steps"][2].update(text=[[0, 1, 2, 3, 4]]), lambda d: d.update(ids=None),
+])
+def test_any_malformed_trace_is_a_pagedkv_error(edit):
+    data = json.loads(get_run("fork").record().to_json())
+    edit(data)
+    with pytest.raises(PagedKVValueError, match="not a pagedkv trace"):
+        load_trace(data)
+
+
 def test_recorder_needs_a_snapshot():
     with pytest.raises(PagedKVValueError, match="snapshot"):
         TraceRecorder(object())

@@ -235,9 +235,17 @@ def broken_delta() -> str:
     return json.dumps(data)
 
 
+def broken_event() -> str:
+    data = json.loads(get_run("free-list").record().to_json())
+    data["steps"][0]["event"] = {"scheduled": [5]}
+    return json.dumps(data)
+
+
 def test_empty_and_malformed_files_are_refused_in_the_page(browser, tmp_path):
-    files = {name: text for name, (text, _) in BROKEN.items()} | {"bad-block.json": broken_delta()}
-    says = {name: word for name, (_, word) in BROKEN.items()} | {"bad-block.json": "no block 999"}
+    files = {name: text for name, (text, _) in BROKEN.items()} | {"bad-block.json": broken_delta(),
+                                                                   "bad-event.json": broken_event()}
+    says = {name: word for name, (_, word) in BROKEN.items()} | {"bad-block.json": "no block 999",
+                                                                 "bad-event.json": "step 0 cannot be drawn"}
     for name, text in files.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
     page_file = tmp_path / "page.html"

@@ -390,15 +390,17 @@ export function mount(el, source, { onStep = null, start = 0 } = {}) {
   function show(i, notify = true) {  // notify: a step the reader chose, which onStep hears of
     const step = Math.max(0, Math.min(frames.length - 1, Number.isInteger(i) ? i : 0));
     const frame = frames[step];
+    let svg, key, what;
     try {
-      $(".pkv-svg").innerHTML = drawMap(trace, frame, colors[step]);
+      [svg, key, what] = [drawMap(trace, frame, colors[step]), keyHtml(trace, frame), eventHtml(trace, frame)];
     } catch (error) {
       message(el, `step ${step} cannot be drawn (${error.message}).`);
       return;
     }
     current = step;
-    $(".pkv-key").innerHTML = keyHtml(trace, frame);
-    $(".pkv-event").innerHTML = eventHtml(trace, frame);
+    $(".pkv-svg").innerHTML = svg;
+    $(".pkv-key").innerHTML = key;
+    $(".pkv-event").innerHTML = what;
     $(".pkv-text").textContent = frame.text.join("\n");
     $(".pkv-summary").textContent = frame.summary || frame.label;
     $(".pkv-position").textContent = `step ${step} / ${frames.length - 1}: ${frame.label}`;

@@ -411,7 +411,16 @@ def _fail(message: str):
 def decode(data) -> list[dict]:
     """Every step's full frame (``blocks``, ``free``, ``free_cpu``, ``seqs``, ``prefix_stats``, ``counters``,
     ``text``, ``label``, ``summary``, ``event``), the deltas applied; checks the structure as it goes (the same
-    checks as ``player.js``'s ``decodeTrace``)."""
+    checks as ``player.js``'s ``decodeTrace``). Anything else malformed is a ``PagedKVValueError`` too."""
+    try:
+        return _decode(data)
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as error:
+        if isinstance(error, PagedKVError):
+            raise
+        raise PagedKVValueError(f"not a pagedkv trace: malformed ({type(error).__name__}: {error}).") from None
+
+
+def _decode(data) -> list[dict]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         _fail(f"expected a JSON object with \"format\": \"{FORMAT}\".")
     if data.get("version") != VERSION:
