@@ -134,6 +134,18 @@ def hybrid_request() -> Trace:
                             "queue and the null block stands in for them.", arrivals=arrivals)
 
 
+def visualizer_run() -> Trace:
+    """The scheduler visualizer's own start (``SchedulerVisualizer(version="v1")``: 12 blocks of 4, five random
+    requests, a 16-token budget), stepped to the end: what the widget shows click by click, with no kernel."""
+    from .scheduler_widget import SchedulerVisualizer
+
+    widget = SchedulerVisualizer(version="v1")
+    return record_scheduler(widget.scheduler, widget.manager, "The scheduler visualizer, v1",
+                            "SchedulerVisualizer(version='v1') from its start to the last request's end: 12 blocks "
+                            "of 4, five requests, a budget of 16 tokens a step, so prompts are chunked and requests "
+                            "preempted.")
+
+
 def v1_engine_with_requests(num_requests: int = 20):
     """The tiny Llama on pagedkv's v1 engine (40 blocks of 8, a 64-token budget), ``num_requests`` queued whose
     prompts share prefixes (four starting points in the same text)."""
@@ -162,6 +174,7 @@ RUNS = [
     Run("beam-search", "beam_search_sharing", "Beam search on shared blocks", beam_search),
     Run("prefix-hits", "prefix_caching", "Prefix hits", prefix_hits),
     Run("preemption", "scheduler", "Preemption by recompute", preemption),
+    Run("visualizer", "block_table_visualizer", "The scheduler visualizer, v1", visualizer_run),
     Run("hybrid", "hybrid_kv_cache", "A hybrid request", hybrid_request),
     Run("engine-v1", "tiny_vllm", "The v1 engine, 200 steps", engine_v1),
 ]
