@@ -133,13 +133,17 @@ def trace(name: str | None, html_path: str | None, json_path: str | None) -> int
         for run in RUNS:
             print(f"{run.name:<12} {run.title} (notebook {run.notebook})")
         return 0
-    try:
-        run = get_run(name)
-    except PagedKVError as error:
-        return fail(str(error))
     if not html_path and not json_path:
         return fail("say where to write it: --html run.html (a page that opens from disk) and/or --json run.json.")
-    recorded = run.record()
+    try:
+        if name.endswith(".json"):  # a trace recorded earlier (TraceRecorder, or --json): checked, then written
+            from pagedkv.viz.trace import load_trace
+
+            recorded = load_trace(Path(name))
+        else:
+            recorded = get_run(name).record()
+    except PagedKVError as error:
+        return fail(str(error))
     try:
         for path, write in ((html_path, recorded.write_html), (json_path, recorded.write)):
             if path:
@@ -183,7 +187,8 @@ def main(argv=None) -> int:
     viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
     rec = commands.add_parser("trace", help="record one of the course's runs and write it as a player page that "
                                             "opens from disk (--html) or as JSON (--json); no run: list them")
-    rec.add_argument("run", nargs="?", help="the run's name (python -m pagedkv trace lists them)")
+    rec.add_argument("run", nargs="?", help="the run's name (python -m pagedkv trace lists them), or a trace's "
+                                            "JSON file to write as a page")
     rec.add_argument("--html", help="write a self-contained HTML player here")
     rec.add_argument("--json", help="write the trace's JSON here")
     web = commands.add_parser("site", help="render the reading copies as a static site, the key runs as players")

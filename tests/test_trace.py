@@ -150,6 +150,11 @@ def test_the_command_line_writes_a_page_and_json(tmp_path, capsys):
     assert main(["trace", "prefix-hits", "--html", str(tmp_path / "run.html"), "--json", str(tmp_path / "r.json")]) == 0
     assert (tmp_path / "run.html").read_text().startswith("<!DOCTYPE html>")
     assert len(load_trace(tmp_path / "r.json")) > 5
+    assert main(["trace", str(tmp_path / "r.json"), "--html", str(tmp_path / "again.html")]) == 0
+    assert "Prefix hits" in (tmp_path / "again.html").read_text()
+    (tmp_path / "empty.json").write_text("")
+    assert main(["trace", str(tmp_path / "empty.json"), "--html", str(tmp_path / "x.html")]) == 2
+    assert "empty" in capsys.readouterr().err
     assert main(["trace", "no-such-run", "--html", str(tmp_path / "x.html")]) == 2
     assert "no run named" in capsys.readouterr().err
     assert main(["trace"]) == 0 and "engine-v1" in capsys.readouterr().out
