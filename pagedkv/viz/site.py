@@ -70,8 +70,9 @@ def notebook_name(path: Path) -> str:
 
 
 def notebook_title(nb) -> str:
+    """The notebook's own first heading (not the reading copy's header cell, ``id: reading-header``)."""
     for cell in nb.cells:
-        if cell.cell_type == "markdown":
+        if cell.cell_type == "markdown" and cell.get("id") != "reading-header":
             for line in cell.source.splitlines():
                 if line.startswith("# "):
                     return line[2:].strip()
