@@ -506,7 +506,7 @@ def _agreed_hit_with_a_gap():
     specs = [SlidingWindowSpec(4, 1, 2, sliding_window=8), FullAttentionSpec(4, 1, 2)]
     kv = KVCacheManager(4, 32, True, get_kv_cache_groups(specs))
     request = Request("r", list(range(25)), max_tokens=1)
-    hashes = kv._block_hashes(request, 24)
+    hashes = kv.block_hashes(request, 24)
     for group, keep in ((0, {0, 1, 2, 4}), (1, set(range(6)))):  # as if earlier requests had cached them
         blocks = kv.block_pool.get_new_blocks(6)
         kv.block_pool.cache_full_blocks(group, blocks, hashes, 0, 6)
