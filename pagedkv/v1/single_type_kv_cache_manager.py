@@ -13,7 +13,7 @@ The sliding-window rules, as vLLM has them:
 * **allocation** counts only what the window still needs: skipped blocks are never allocated.
 * **prefix hits** need only the last ``ceil((sliding_window - 1) / block_size)`` blocks before the hit point to be
   cached; ``find_longest_cache_hit`` searches from the right and stops at the first run that long.
-* **retention** (``reachable_block_mask``): so a sliding group *names* (hashes into the prefix cache) only the
+* **retention** (``reachable_block_mask``): a sliding group *names* (hashes into the prefix cache) only the
   blocks a hit could end on. With ``prefix_cache_retention_interval=0`` (vLLM 0.33's default) that is the run of
   blocks just before each resume point, the prompt's replay boundary and the request's shared-prefix junction;
   ``None`` names every full block (dense); a positive interval adds a run before every multiple of it. An unnamed
