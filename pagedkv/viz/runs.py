@@ -135,15 +135,26 @@ def hybrid_request() -> Trace:
 
 
 def visualizer_run() -> Trace:
-    """The scheduler visualizer's own start (``SchedulerVisualizer(version="v1")``: 12 blocks of 4, five random
-    requests, a 16-token budget), stepped to the end: what the widget shows click by click, with no kernel."""
-    from .scheduler_widget import SchedulerVisualizer
+    """The block-table visualizer (``BlockTableVisualizer``, prefix caching on) clicked through: add, a second
+    prompt sharing the first's blocks, fork, append (a copy-on-write), swap out, free, swap in; what the widget shows
+    click by click, with no kernel."""
+    from .visualizer import BlockTableVisualizer
 
-    widget = SchedulerVisualizer(version="v1")
-    return record_scheduler(widget.scheduler, widget.manager, "The scheduler visualizer, v1",
-                            "SchedulerVisualizer(version='v1') from its start to the last request's end: 12 blocks "
-                            "of 4, five requests, a budget of 16 tokens a step, so prompts are chunked and requests "
-                            "preempted.")
+    viz = BlockTableVisualizer(num_gpu_blocks=16, num_cpu_blocks=8, enable_prefix_caching=True)
+    rec = TraceRecorder(viz, "The block-table visualizer, clicked through", "hand-driven cache",
+                        "BlockTableVisualizer(enable_prefix_caching=True) on 16 GPU and 8 CPU blocks of 4: A's prompt; "
+                        "B with the same first 8 tokens (two blocks shared from the prefix cache); a fork of A and the "
+                        "fork's first append (a copy-on-write); B swapped out to the CPU; A freed; B swapped back in; D "
+                        "with the start of B's prompt.")
+    clicks = [lambda: viz.add_sequence(10), lambda: viz.add_sequence(9, reuse_prompt=True), lambda: viz.fork("A"),
+              lambda: viz.append("C"), lambda: viz.append("A", 2), lambda: viz.swap_out("B"), lambda: viz.free("A"),
+              lambda: viz.swap_in("B"), lambda: viz.add_sequence(6, reuse_prompt=True)]
+    for click in clicks:
+        before = len(viz.cache.events)
+        click()
+        copies = [c for event in viz.cache.events[before:] for c in event.copies]
+        rec.record(viz.log[-1], summary=viz.message or viz.log[-1], copied=copies, highlight=viz.last_touched)
+    return rec.trace()
 
 
 def v1_engine_with_requests(num_requests: int = 20):
@@ -174,7 +185,7 @@ RUNS = [
     Run("beam-search", "beam_search_sharing", "Beam search on shared blocks", beam_search),
     Run("prefix-hits", "prefix_caching", "Prefix hits", prefix_hits),
     Run("preemption", "scheduler", "Preemption by recompute", preemption),
-    Run("visualizer", "block_table_visualizer", "The scheduler visualizer, v1", visualizer_run),
+    Run("visualizer", "block_table_visualizer", "The block-table visualizer, clicked through", visualizer_run),
     Run("hybrid", "hybrid_kv_cache", "A hybrid request", hybrid_request),
     Run("engine-v1", "tiny_vllm", "The v1 engine, 200 steps", engine_v1),
 ]
