@@ -33,16 +33,25 @@ def _kv(cache: PagedKVCache, n: int) -> torch.Tensor:
     return torch.zeros(n, cache.engine.num_kv_heads, cache.engine.head_size)
 
 
+def _moves(events) -> dict:
+    """The block moves a cache logged: copy-on-write copies, and the swaps' (src, dst) pairs."""
+    kinds = {"swap_out": "swapped_out", "swap_in": "swapped_in"}
+    moves = {"copied": [], "swapped_out": [], "swapped_in": []}
+    for event in events:
+        moves[kinds.get(event.kind, "copied")] += list(event.copies)
+    return moves
+
+
 def _cache_step(recorder: TraceRecorder, cache: PagedKVCache, label: str, action, summary: str = "") -> None:
     """Run one hand-made call on ``cache`` and record it with the event the cache logged."""
     before = len(cache.events)
     action()
-    copies = [c for e in cache.events[before:] for c in e.copies]
+    moves = _moves(cache.events[before:])
     swapped = [e for e in cache.events[before:] if e.kind in ("swap_out", "swap_in")]
     touched = [b for e in cache.events[before:] if e.kind not in ("free", "swap_out") for b in e.blocks]
     if swapped and swapped[0].kind == "swap_out":
         touched = [("cpu", b) for b in swapped[0].blocks]
-    recorder.record(label, summary=summary or label, copied=copies, highlight=touched or None)
+    recorder.record(label, summary=summary or label, highlight=touched or None, **moves)
 
 
 def free_list() -> Trace:
@@ -144,16 +153,16 @@ def visualizer_run() -> Trace:
     rec = TraceRecorder(viz, "The block-table visualizer, clicked through", "hand-driven cache",
                         "BlockTableVisualizer(enable_prefix_caching=True) on 16 GPU and 8 CPU blocks of 4: A's prompt; "
                         "B with the same first 8 tokens (two blocks shared from the prefix cache); a fork of A and the "
-                        "fork's first append (a copy-on-write); B swapped out to the CPU; A freed; B swapped back in; D "
-                        "with the start of B's prompt.")
+                        "fork's first append (a copy-on-write); B swapped out to the CPU; A freed; B swapped back in; "
+                        "D with the start of B's prompt.")
     clicks = [lambda: viz.add_sequence(10), lambda: viz.add_sequence(9, reuse_prompt=True), lambda: viz.fork("A"),
               lambda: viz.append("C"), lambda: viz.append("A", 2), lambda: viz.swap_out("B"), lambda: viz.free("A"),
               lambda: viz.swap_in("B"), lambda: viz.add_sequence(6, reuse_prompt=True)]
     for click in clicks:
         before = len(viz.cache.events)
         click()
-        copies = [c for event in viz.cache.events[before:] for c in event.copies]
-        rec.record(viz.log[-1], summary=viz.message or viz.log[-1], copied=copies, highlight=viz.last_touched)
+        rec.record(viz.log[-1], summary=viz.message or viz.log[-1], highlight=viz.last_touched,
+                   **_moves(viz.cache.events[before:]))
     return rec.trace()
 
 
