@@ -36,6 +36,7 @@ READ_STEP = """el => ({
   free: Object.fromEntries([...el.querySelectorAll('rect[data-device="gpu"][data-free]')]
         .map(r => [r.dataset.block, Number(r.dataset.free)])),
   tables: [...el.querySelectorAll('.pkv-table')].map(g => [g.dataset.seq, g.dataset.entries]),
+  unnamed: [...el.querySelectorAll('rect.pkv-unnamed[data-block]')].map(r => Number(r.dataset.block)),
   error: el.querySelector('.pkv-error') ? el.querySelector('.pkv-error').textContent : null,
 })"""
 
@@ -154,7 +155,11 @@ def test_the_player_shows_python_s_map_at_every_step(browser, tmp_path, make):
             rows = [[str(s), ",".join(map(str, t))] for s, ts in
                     (state.group_tables or {s: (t,) for s, t in state.tables.items()}).items() for t in ts]
             assert shown["tables"] == rows, f"step {step}"
+            hatched = state.sliding_blocks(named=False) if state.prefix_caching else set()  # as block_map.py
+            assert sorted(shown["unnamed"]) == sorted(hatched), f"step {step}"
+            unnamed_seen.update(hatched)
 
+        unnamed_seen = set()
         check(0)
         page.click(".pkv-forward")  # a real click, then the rest clicked in the page (one round trip, not 200)
         check(1)
@@ -173,6 +178,8 @@ def test_the_player_shows_python_s_map_at_every_step(browser, tmp_path, make):
         page.locator(".pkv-slider").evaluate(f"s => {{ s.value = '{middle}'; s.dispatchEvent(new Event('input')); }}")
         check(middle)
         assert not problems
+    if trace.data["group_names"]:
+        assert unnamed_seen, "the hybrid run should hatch some unnamed sliding blocks"
 
 
 @pytest.fixture(scope="module")

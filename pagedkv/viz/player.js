@@ -18,6 +18,7 @@ const NULL = "#3A3A3A", UNKNOWN = "#BBBBBB";
 const CELL = 0.9; // a cell's side; the grid pitch is 1
 const PX = 56; // pixels per grid unit
 const PT = 1 / 39.6; // one typographic point in grid units (matplotlib: 0.55 inch per unit)
+let hatchCount = 0; // each map's hatch pattern gets its own id
 
 export class TraceError extends Error {}
 
@@ -176,6 +177,22 @@ function outline(x, y, color, width, extra = "") {
     + ` stroke-width="${(width * PT).toFixed(4)}"${extra}/>`;
 }
 
+// ManagerState.sliding_blocks(named=False): with prefix caching, the real blocks of sliding-window tables that hold
+// no hash (nobody can hit them; freed to the head of the free queue). block_map.py hatches them.
+function unnamedSliding(trace, frame) {
+  const unnamed = new Set();
+  if (!trace.prefix_caching) return unnamed;
+  for (const s of frame.seqs) {
+    trace.group_names.forEach((g, k) => {
+      if (!String(g).startsWith("sliding")) return;
+      for (const b of s[3][k] || []) {
+        if (b !== trace.null_block && frame.blocks[b] && frame.blocks[b][3] === -1) unnamed.add(b);
+      }
+    });
+  }
+  return unnamed;
+}
+
 // One step's block map as SVG: the pools as grids of cells, then each sequence's block table(s).
 function drawMap(trace, frame, colors) {
   const numGpu = trace.num_gpu_blocks, numCpu = trace.num_cpu_blocks, blockSize = trace.block_size;
@@ -190,8 +207,8 @@ function drawMap(trace, frame, colors) {
   const tableRows = [];
   for (const s of frame.seqs) {
     const name = trace.ids[s[0]];
-    if (names.length) names.forEach((g, k) => tableRows.push([s, `seq ${name} · ${g}`, s[3][k] || []]));
-    else tableRows.push([s, `seq ${name}`, s[3][0]]);
+    if (names.length) names.forEach((g, k) => tableRows.push([s, `seq ${name} · ${g}`, s[3][k] || [], String(g)]));
+    else tableRows.push([s, `seq ${name}`, s[3][0], ""]);
   }
   const longest = Math.max(0, ...tableRows.map((r) => r[2].length));
   const width = Math.max(pools.reduce((a, p) => a + cols[p[0]], 0) + pools.length - 1,
@@ -210,6 +227,11 @@ function drawMap(trace, frame, colors) {
     if (!batch) { out.push(rect(x, y, w, h, color, extra)); return; }
     const d = `M${x.toFixed(3)} ${y.toFixed(3)}h${w.toFixed(3)}v${h.toFixed(3)}h${(-w).toFixed(3)}z`;
     paths.set(color, (paths.get(color) || "") + d);
+  };
+  const unnamed = unnamedSliding(trace, frame), hatchId = `pkv-hatch-${++hatchCount}`;
+  const hatch = (x, y, w, h, attrs = "") => {
+    if (batch) paths.set("hatch", (paths.get("hatch") || "") + `M${x.toFixed(3)} ${y.toFixed(3)}h${w}v${h}h${-w}z`);
+    else out.push(`<rect x="${x}" y="${y}" width="${w}" height="${h}" fill="url(#${hatchId})" class="pkv-unnamed"${attrs}/>`);
   };
   let x0 = 0;
   for (const [device, n, offset] of pools) {
@@ -238,6 +260,7 @@ function drawMap(trace, frame, colors) {
           fillRect(x + k * stripe, y + CELL - filled, stripe, filled, color);
         });
         if (!batch) out.push("</g>");
+        if (device === "gpu" && unnamed.has(id)) hatch(x, y, CELL, CELL, ` data-block="${id}"`);
       }
       if (labels && !(device === "gpu" && id === nullBlock)) {
         out.push(text(x + 0.04, y + 0.04, id, { base: "hanging" }));
@@ -258,7 +281,7 @@ function drawMap(trace, frame, colors) {
   if (tableRows.length) {
     const top = poolRows + 1;
     out.push(text(0, top - 0.35, "block tables", { size: 9, bold: true }));
-    tableRows.forEach(([s, label, table], r) => {
+    tableRows.forEach(([s, label, table, group], r) => {
       const y = top + r * pitch, onCpu = s[1] === "cpu";
       const count = labels ? "" : ` (${table.length})`;
       out.push(`<g class="pkv-table" data-seq="${esc(trace.ids[s[0]])}" data-entries="${table.join(",")}">`);
@@ -269,9 +292,11 @@ function drawMap(trace, frame, colors) {
         const isNull = blockId === nullBlock;
         if (!labels) {
           fillRect(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, isNull ? NULL : color);
+          if (unnamed.has(blockId) && group.startsWith("sliding")) hatch(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch);
           return;
         }
         out.push(rect(i, y + 0.1, CELL, 0.8, isNull ? NULL : color, ` stroke="${EDGE}" stroke-width="${(0.6 * PT).toFixed(4)}"`));
+        if (unnamed.has(blockId) && group.startsWith("sliding")) hatch(i, y + 0.1, CELL, 0.8);
         out.push(text(i + 0.45, y + 0.5, isNull ? "null" : `${blockId}${onCpu ? "c" : ""}`,
           { size: isNull ? 7 : 8, anchor: "middle", base: "central", color: isNull ? "white" : "black" }));
       });
@@ -286,7 +311,10 @@ function drawMap(trace, frame, colors) {
     + ` width="${Math.round(viewW * PX)}" height="${Math.round(viewH * PX)}" font-family="DejaVu Sans, Verdana, sans-serif"`
     + ` role="img" aria-label="${esc(title)}">`
     + text((left + right) / 2, -0.95, title, { size: 10, anchor: "middle" })
-    + [...paths].filter(([c]) => c !== "edge").map(([c, d]) => `<path d="${d}" fill="${c}"/>`).join("")
+    + `<defs><pattern id="${hatchId}" patternUnits="userSpaceOnUse" width="0.18" height="0.18" patternTransform="rotate(45)">`
+    + `<line x1="0" y1="0" x2="0" y2="0.18" stroke="${EDGE}" stroke-width="0.03"/></pattern></defs>`
+    + [...paths].filter(([c]) => c !== "edge" && c !== "hatch").map(([c, d]) => `<path d="${d}" fill="${c}"/>`).join("")
+    + (paths.has("hatch") ? `<path d="${paths.get("hatch")}" fill="url(#${hatchId})"/>` : "")
     + out.join("")
     + (paths.has("edge") ? `<path d="${paths.get("edge")}" fill="none" stroke="${EDGE}" stroke-width="${(0.6 * PT).toFixed(4)}"/>` : "")
     + edges.join("") + "</svg>";
@@ -304,6 +332,10 @@ function keyHtml(trace, frame) {
     items.push(swatch(NULL, "null block: stands for a block that left the window"));
   }
   const event = frame.event || {};
+  if (unnamedSliding(trace, frame).size) {
+    items.push(`<span class="pkv-key-item"><span class="pkv-swatch" style="background:repeating-linear-gradient(-45deg,${EDGE} 0 1px,#fff 1px 4px);border-color:${EDGE}"></span>${esc("hatched: a sliding block with no hash (nobody can hit it; freed to the queue's head)")}</span>`,
+      plain("sliding block not hatched: named (hashed), a later request can resume from it"));
+  }
   if ((event.highlight || []).length) items.push(swatch("transparent", "red outline: the blocks this step touched", HIGHLIGHT));
   if ((event.sources || []).length) items.push(swatch("transparent", "purple outline: a copy's source", SOURCE));
   return items.join("");
