@@ -1,6 +1,6 @@
 // pagedkv's trace player: a recorded run (pagedkv/viz/trace.py's JSON) drawn step by step as block_map.py draws
-// it (the same colours, stripes for shared blocks, free-queue numbers, hashes, group rows and null block), with the
-// step's text block map beside it, exactly as Python printed it. No framework, no network: one ES module.
+// it (the same colours, stripes for shared blocks, free-queue numbers, hashes, group rows, the null block, hatched
+// unnamed sliding blocks), with the step's text block map beside it, exactly as Python printed it. No framework, no network: one ES module.
 //   - in a page: mountAll(document) plays every <div class="pkv-player" data-trace="ID"> whose trace is the JSON
 //     in <script type="application/json" id="ID">, and wires every <input type="file" class="pkv-file">;
 //   - in a notebook: the default export is an anywidget front end (pagedkv.viz.TracePlayer);
