@@ -29,7 +29,9 @@ dynamic shared memory.  ``cuda_vllm.py`` does that in two flavours:
 ``"vllm-gqa"`` (a thread block per KV head and all the query heads that share
 it, as FlashInfer and vLLM's Triton kernel), the default on a GPU wherever its
 sizes fit.  ``benchmarks/RESULTS.md`` ("Static kernel report") counts what
-each costs.
+each costs.  The unified kernel (``cuda_unified.py``) runs those grouped
+phases for its decode tiles and this file's reduce kernel for its split-KV
+launch.
 """
 
 from __future__ import annotations

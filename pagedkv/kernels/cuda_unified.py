@@ -499,14 +499,13 @@ def unified_attention_cuda(query, key_cache, value_cache, cu_seqlens_q, seq_lens
                                 f"{shape.head_size}, block_size {shape.block_size} and {shape.num_queries_per_kv} "
                                 f"query heads per KV head, over {MAX_SHARED_BYTES}; use backend='cpu' or 'torch', or "
                                 "a smaller block_size.")
-    if partition_size is None:
-        partition_size = decode_partition(shape.head_size, shape.block_size, num_threads, shape.num_queries_per_kv,
-                                          dtype)
+    available = decode_partition(shape.head_size, shape.block_size, num_threads, shape.num_queries_per_kv, dtype)
+    partition_size = available if partition_size is None or not available else partition_size
     if num_segments is None:
         num_segments = choose_split(shape, partition_size or PARTITION_SIZE)
     num_segments = max(1, min(num_segments, shape.max_seq_len))
-    partition = partition_size or PARTITION_SIZE  # segments are whole partitions
-    segment_len = -(-shape.max_seq_len // (num_segments * partition)) * partition
+    unit = partition_size or shape.block_size  # segments are whole partitions (a decode tile's) or pages
+    segment_len = -(-shape.max_seq_len // (num_segments * unit)) * unit
     num_segments = -(-shape.max_seq_len // segment_len)
     split = num_segments > 1
     kernel = build_unified_kernel(shape.head_size, shape.block_size, num_threads, block_q, shape.num_queries_per_kv,

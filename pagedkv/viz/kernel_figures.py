@@ -285,7 +285,7 @@ def estimate_points(rows: list[dict], kernel: str = "v1", gqa_values=(1, 4)) -> 
 
     points = []
     for row in rows:
-        if row["kernel"] != kernel:
+        if row.get("kernel") != kernel:  # the unified kernel's rows have tiles, not kernels
             continue
         for gqa in gqa_values:
             if row["flavour"] == "vllm-gqa" and row["gqa"] != gqa:
