@@ -290,7 +290,7 @@ def estimate_points(rows: list[dict], kernel: str = "v1", gqa_values=(1, 4)) -> 
         for gqa in gqa_values:
             if row["flavour"] == "vllm-gqa" and row["gqa"] != gqa:
                 continue
-            instructions = sum(per for _, _, per in row["loops"])
+            instructions = round(sum(per for _, _, per in row["loops"]), 1)  # as printed: the % follows from it
             kv_bytes = 2 * row["head_size"] * 2 / gqa
             points.append(dict(flavour=row["flavour"], gqa=gqa, instructions=instructions, bytes=kv_bytes,
                                hbm=hbm_fraction(instructions, row["head_size"], gqa),
@@ -317,7 +317,7 @@ def unified_estimates_text(rows: list[dict]) -> str:
         if "tile" not in row:
             continue
         loops = row["loops"]
-        total = sum(loops.values())
+        total = round(sum(loops.values()), 1)  # as printed: the percentage follows from it
         queries = "1 query" if row["block_q"] == 1 else f"{row['block_q']} queries"
         heads = "1 head" if row["gqa"] == 1 else f"{row['gqa']} heads"
         tile = f"{row['tile']} tile ({queries} x {heads}):"
