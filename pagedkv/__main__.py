@@ -99,14 +99,39 @@ def visualize(port: int, open_browser: bool) -> int:
         return fail("the visualizer app needs Voila: pip install -e '.[viz]' in the checkout (or run make visualizer).")
     print(f"pagedkv visualizer: http://127.0.0.1:{port}/  (Ctrl-C stops it)", flush=True)
     os.environ.setdefault("PAGEDKV_QUIET", "1")
+    trust_app()
     command = voila_command(port, open_browser)
-    os.execv(command[0], command)  # Voila replaces this process: Ctrl-C and signals reach it directly
+    os.execve(command[0], command, voila_environ(os.environ))  # Voila replaces this process: signals reach it
 
 
-# A page's kernel (~420 MB) is shut down as the page is left (Voila's beforeunload); one whose page vanished without
+# A page's kernel (~480 MB) is shut down as the page is left (Voila's beforeunload); one whose page vanished without
 # a word (a crashed or killed tab) is culled this long after its last message, within CULL_INTERVAL_SECONDS.
 CULL_IDLE_SECONDS = 120
 CULL_INTERVAL_SECONDS = 30
+VIZ = Path(__file__).parent / "viz"
+APP = VIZ / "app.ipynb"
+# viz/jupyter/ holds what Voila reads besides the notebook: voila.json (its config) and the "pagedkv" template
+# (voila/templates/pagedkv/: Voila's lab template, less the Font Awesome stylesheets it fetches from a CDN).
+JUPYTER_FILES = VIZ / "jupyter"
+
+
+def trust_app() -> None:
+    """Sign app.ipynb for this user, as ``jupyter trust`` does, so Voila does not log "Notebook app.ipynb is not
+    trusted" on every page load. A signature is an HMAC with a key of the user's own (Jupyter's data folder), so
+    no file can ship one; signing changes nothing in the notebook and runs nothing."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notebook = nbformat.read(APP, as_version=4)
+    notary = NotebookNotary()
+    if not notary.check_signature(notebook):
+        notary.sign(notebook)
+
+
+def voila_environ(environ) -> dict:
+    """``environ`` with viz/jupyter/ first on ``JUPYTER_PATH``, where Voila looks for the "pagedkv" template."""
+    path = [str(JUPYTER_FILES), *filter(None, environ.get("JUPYTER_PATH", "").split(os.pathsep))]
+    return {**environ, "JUPYTER_PATH": os.pathsep.join(path)}
 
 
 def voila_command(port: int, open_browser: bool) -> list[str]:
@@ -114,12 +139,18 @@ def voila_command(port: int, open_browser: bool) -> list[str]:
     to Voila's shutdown handler as it unloads, with the ``_xsrf`` cookie Voila never sets, so that handler refused
     every one ("'_xsrf' argument missing from POST") and kernels piled up; the XSRF check is off (the server
     answers this machine only, and each kernel's URL holds its random id). Kernels left idle with no page
-    connected (a tab that crashed) are culled after ``CULL_IDLE_SECONDS``; a connected page's kernel never is."""
-    app = Path(__file__).parent / "viz" / "app.ipynb"
-    command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
+    connected (a tab that crashed) are culled after ``CULL_IDLE_SECONDS``; a connected page's kernel never is.
+
+    The tornado settings are in viz/jupyter/voila.json, since a command line gives a dict's values as strings:
+    ``disable_check_xsrf``, and ``ws_ping_timeout`` 30 s, equal to jupyter_server's ping interval (its default
+    timeout, three intervals, made tornado warn "The websocket_ping_timeout (90000) cannot be longer than the
+    websocket_ping_interval (30000)" on every page load). The "pagedkv" template is found through
+    ``voila_environ``."""
+    command = [sys.executable, "-m", "voila", str(APP), "--Voila.ip=127.0.0.1", f"--port={port}",
                "--show_tracebacks=False", f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}",
                f"--MappingKernelManager.cull_interval={CULL_INTERVAL_SECONDS}",
-               "--MappingKernelManager.cull_connected=False", "--Voila.tornado_settings=disable_check_xsrf=True"]
+               "--MappingKernelManager.cull_connected=False", f"--Voila.config_file_paths={JUPYTER_FILES}",
+               "--template=pagedkv"]
     return command if open_browser else command + ["--no-browser"]
 
 
