@@ -32,7 +32,8 @@ STAMP := $(VENV)/.pagedkv-dev
 COURSE ?= grading
 ASSIGNMENT ?= pagedkv
 # nbgrader runs in the course folder with the venv's bin/ first on PATH: it calls its `alembic` by name.
-NBGRADER = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(PY))" -m nbgrader
+IN_COURSE = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(PY))"
+NBGRADER = $(IN_COURSE) -m nbgrader
 
 .PHONY: lab labs test lint figures bench visualizer clean grading release autograde feedback
 
@@ -87,8 +88,12 @@ grading: $(GRADE_STAMP)
 release: grading
 	$(NBGRADER) generate_assignment $(ASSIGNMENT) $(NBGRADER_ARGS)
 
+# JOBS=N (N > 1): N students at once, each batch by its own nbgrader in a copy of the course folder, the grades then
+# merged into the course's gradebook (pagedkv/labs/autograde.py); about one job per two cores.
+JOBS ?= 1
 autograde: $(GRADE_STAMP)
-	$(NBGRADER) autograde $(ASSIGNMENT) $(NBGRADER_ARGS)
+	$(if $(filter-out 1,$(JOBS)),$(IN_COURSE) -m pagedkv autograde $(ASSIGNMENT) --jobs $(JOBS),$(NBGRADER) \
+		autograde $(ASSIGNMENT)) $(NBGRADER_ARGS)
 
 feedback: $(GRADE_STAMP)
 	$(NBGRADER) generate_feedback $(ASSIGNMENT) $(NBGRADER_ARGS)

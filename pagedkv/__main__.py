@@ -1,5 +1,5 @@
 """Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | reading [--out course/]
-| visualize``."""
+| visualize | autograde``."""
 
 from __future__ import annotations
 
@@ -170,7 +170,18 @@ def main(argv=None) -> int:
     viz = commands.add_parser("visualize", help="serve the block-table visualizer as a web app (Voila) on 127.0.0.1")
     viz.add_argument("--port", type=tcp_port, default=8866, help="port on 127.0.0.1, 1-65535 (default: 8866)")
     viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    grade = commands.add_parser("autograde", help="nbgrader autograde, several students at once (make autograde "
+                                                  "JOBS=N); run it in the course folder")
+    grade.add_argument("assignment", help="the assignment's name (make's ASSIGNMENT: pagedkv)")
+    grade.add_argument("--jobs", type=int, default=2, help="students graded at once, in batches (default: 2)")
+    grade.add_argument("nbgrader_args", nargs=argparse.REMAINDER, help="passed on to each nbgrader autograde")
     args = parser.parse_args(argv)
+    if args.command == "autograde":
+        from pagedkv.labs.autograde import autograde
+
+        if args.jobs < 1:
+            return fail(f"--jobs {args.jobs}: give how many students to grade at once, 1 or more.")
+        return autograde(Path.cwd(), args.assignment, args.jobs, args.nbgrader_args)
     if args.command == "visualize":
         return visualize(args.port, not args.no_browser)
     if args.command == "info":
