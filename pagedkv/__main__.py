@@ -1,5 +1,5 @@
 """Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | reading [--out course/]
-| visualize | autograde``."""
+| visualize | autograde | guide``."""
 
 from __future__ import annotations
 
@@ -175,7 +175,20 @@ def main(argv=None) -> int:
     grade.add_argument("assignment", help="the assignment's name (make's ASSIGNMENT: pagedkv)")
     grade.add_argument("--jobs", type=int, default=2, help="students graded at once, in batches (default: 2)")
     grade.add_argument("nbgrader_args", nargs=argparse.REMAINDER, help="passed on to each nbgrader autograde")
+    guide = commands.add_parser("guide", help="rewrite the instructor guide's generated block (counts, points, "
+                                              "each notebook's exercises) from the notebooks and exercises.py")
+    guide.add_argument("--guide", default="notebooks/README.md", help="the guide (default: notebooks/README.md)")
+    guide.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
     args = parser.parse_args(argv)
+    if args.command == "guide":
+        from pagedkv.labs.guide import rewrite
+
+        try:
+            changed = rewrite(args.guide, args.notebooks)
+        except (OSError, ValueError) as error:
+            return fail(str(error))
+        print(f"{args.guide}: {'rewritten' if changed else 'already up to date'}")
+        return 0
     if args.command == "autograde":
         from pagedkv.labs.autograde import autograde
 
