@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,8 +126,11 @@ def graded(tmp_path_factory):
                 shutil.copy(course / "release" / ASSIGNMENT / path.name, submitted / path.name)
             else:
                 broken[path.name[:2]] = make_wrong(path, submitted / path.name)
+    started = time.monotonic()
     run = make(clone, "autograde", course, "JOBS=2")
     finish(run, "autograde JOBS=2")
+    print(f"make autograde JOBS=2, two students: {time.monotonic() - started:.0f} s, load average "
+          f"{os.getloadavg()[0]:.1f}")  # pytest -s shows it: the guide's figure
     finish(make(clone, "feedback", course), "feedback")
     assert not list(root.glob(".course-autograde-*"))  # the batches' copies are gone
     return course, {student: scores(course, student) for student in ("blank", "wrong")}, run.log.read_text(), broken
