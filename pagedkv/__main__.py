@@ -104,8 +104,9 @@ def visualize(port: int, open_browser: bool) -> int:
     os.execve(command[0], command, voila_environ(os.environ))  # Voila replaces this process: signals reach it
 
 
-# A page's kernel (410-540 MB resident) is shut down as the page is left (Voila's beforeunload); one whose page vanished without
-# a word (a crashed or killed tab) is culled this long after its last message, within CULL_INTERVAL_SECONDS.
+# A page's kernel (410-540 MB resident) is shut down as the page is left (Voila's beforeunload); one whose page
+# vanished without a word (a crashed or killed tab) is culled this long after its last message, within
+# CULL_INTERVAL_SECONDS.
 CULL_IDLE_SECONDS = 120
 CULL_INTERVAL_SECONDS = 30
 VIZ = Path(__file__).parent / "viz"

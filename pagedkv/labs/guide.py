@@ -77,7 +77,8 @@ def render(facts: dict) -> str:
              f"**{_count(len(facts['notebooks']), 'notebook')}, {_count(facts['exercises'], 'graded exercise')}, "
              f"{_count(facts['points'], 'point')}** (the maximum in nbgrader's `grades.csv`): 1 point an exercise"
              + (f", 2 for {', '.join(more)} (functions to write)" if more else "") + ".", "",
-             "| notebook | its exercises: the label a student sees, the key `check.exercise` takes, the answer asked for |",
+             "| notebook | its exercises: the label a student sees, the key `check.exercise` takes, the answer "
+             "asked for |",
              "|---|---|"]
     for n in facts["notebooks"]:
         items = "<br>".join(f"{label} `{key}`: {title}" + (f" ({p} points)" if p != 1 else "")
