@@ -52,13 +52,17 @@ def _keys_of(path: Path) -> list[str]:
 
 def course_facts(notebooks="notebooks/") -> dict:
     """``{"notebooks": [...], "exercises": n, "points": n}``; each notebook ``{"file", "title", "exercises":
-    [(label, key, title, points)]}``. Points are the check cells', matched to the exercises in order."""
+    [(label, key, title, points)]}``. Points are the check cells': the one whose grade id is ``<key>-check``, or
+    the notebook's check cells in order."""
     facts = []
     for path in sorted(Path(notebooks).glob("[0-9][0-9]_*.ipynb")):
         keys, checks = _keys_of(path), _check_cells(path)
         if len(keys) != len(checks):
             raise ValueError(f"{path.name} has {len(checks)} check cells but exercises.py gives it {len(keys)} "
                              f"exercises ({keys}): one check cell per exercise.")
+        by_id = {check.get("grade_id"): check for check in checks}
+        if all(f"{key}-check" in by_id for key in keys):  # grade ids <slug>-check: match by name, else by order
+            checks = [by_id[f"{key}-check"] for key in keys]
         exercises = [(f"E{i}", key, _unwrapped(EXERCISES[key].title), check.get("points", 0))
                      for i, (key, check) in enumerate(zip(keys, checks), 1)]
         facts.append({"file": path.name, "title": _title(path), "exercises": exercises})
