@@ -291,6 +291,12 @@ def test_the_guide_states_the_course_as_it_is(tmp_path):
               r"sixteen|seventeen|eighteen|nineteen|twenty)\b"
     stale = re.findall(numbers + r" (notebooks|exercises|points)\b|\b\d+ in all\b", outside, re.IGNORECASE)
     assert not stale, stale
+    exercises = {n["file"][:2]: len(n["exercises"]) for n in facts["notebooks"]}
+    plans = re.findall(r"^\| \d+ min \| (\d\d) [^|]*\| ([^|]*) \|$", outside, re.MULTILINE)
+    assert plans  # the lab plans: each row that lists its notebook's exercises lists them all, and no more
+    for number, listed in plans:
+        if not listed.startswith("as above"):
+            assert len(listed.split("; ")) == exercises[number], (number, listed)
     copy = tmp_path / "README.md"
     copy.write_text(guide.replace(render(facts), f"{BEGIN}\nold text\n{END}"), encoding="utf-8")
     assert rewrite(copy, NOTEBOOKS) and copy.read_text(encoding="utf-8") == guide  # the command writes it back

@@ -76,11 +76,18 @@ def _count(n: int, one: str) -> str:
 
 def render(facts: dict) -> str:
     """The block's text, markers included."""
-    more = [f"{n['file'][:2]} {label}" for n in facts["notebooks"] for label, *_, p in n["exercises"] if p != 1]
+    more: dict[int, list[str]] = {}
+    for n in facts["notebooks"]:
+        for label, _, _, points in n["exercises"]:
+            if points != 1:
+                more.setdefault(points, []).append(f"{n['file'][:2]} {label}")
+    functions = all(EXERCISES[key].cases for n in facts["notebooks"] for _, key, _, p in n["exercises"] if p != 1)
     lines = [BEGIN, "",
              f"**{_count(len(facts['notebooks']), 'notebook')}, {_count(facts['exercises'], 'graded exercise')}, "
              f"{_count(facts['points'], 'point')}** (the maximum in nbgrader's `grades.csv`): 1 point an exercise"
-             + (f", 2 for {', '.join(more)} (functions to write)" if more else "") + ".", "",
+             + "".join(f", {p} for {' and '.join(items)}" for p, items in sorted(more.items()))
+             + (" (functions to write)" if more and functions else "")
+             + ".", "",
              "| notebook | its exercises: the label a student sees, the key `check.exercise` takes, the answer "
              "asked for |",
              "|---|---|"]
