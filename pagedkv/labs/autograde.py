@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 # What a batch's copy of the course holds besides its students' submissions (made by `make release`).
@@ -51,8 +52,12 @@ def merge_grades(batch_db: Path, course_db: Path, assignment: str, students: lis
     """Copy these students' submissions (scores, comments, flags, timestamps) from a batch's gradebook into the
     course's, replacing any earlier submission of theirs there."""
     from nbgrader.api import Gradebook, MissingEntry
+    from sqlalchemy.exc import SAWarning
 
-    with Gradebook(f"sqlite:///{batch_db}") as batch, Gradebook(f"sqlite:///{course_db}") as gradebook:
+    with warnings.catch_warnings(), Gradebook(f"sqlite:///{batch_db}") as batch, \
+            Gradebook(f"sqlite:///{course_db}") as gradebook:
+        # nbgrader 0.9's gradebook code makes SQLAlchemy 2 warn on every new submission, as nbgrader_config.py says
+        warnings.filterwarnings("ignore", category=SAWarning, module=r"nbgrader\.api")
         for student in students:
             graded = batch.find_submission(assignment, student)
             who = graded.student
