@@ -1,3 +1,5 @@
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -261,6 +263,23 @@ def test_the_app_culls_idle_kernels():
     command = voila_command(8866, open_browser=False)
     assert f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}" in command
     assert "--Voila.ip=127.0.0.1" in command and command[-1] == "--no-browser"
+
+
+def test_the_app_asks_no_cdn_and_voila_has_nothing_to_warn_about():
+    """Issue #46: Voila's lab template fetched Font Awesome from a CDN on every load (the browser test checks that
+    no request leaves the machine); tornado warned that the ping timeout (90 s) exceeded the interval (30 s)."""
+    import json
+
+    from jupyter_server.base.websocket import WS_PING_INTERVAL
+
+    from pagedkv.__main__ import JUPYTER_FILES, voila_command, voila_environ
+
+    assert "--template=pagedkv" in voila_command(8866, open_browser=False)
+    assert voila_environ({"JUPYTER_PATH": "/x"})["JUPYTER_PATH"].split(os.pathsep) == [str(JUPYTER_FILES), "/x"]
+    template = (JUPYTER_FILES / "voila" / "templates" / "pagedkv" / "index.html.j2").read_text()
+    assert "http" not in template.replace("https://", "").split("-#}")[1]  # nothing fetched from outside
+    settings = json.loads((JUPYTER_FILES / "voila.json").read_text())["Voila"]["tornado_settings"]
+    assert settings["ws_ping_timeout"] == WS_PING_INTERVAL and settings["disable_check_xsrf"] is True
 
 
 def test_a_block_map_has_a_key_only_when_asked():
