@@ -19,6 +19,7 @@ from pagedkv import LLMEngine, PagedKVValueError, SamplingParams, generate_dense
 from pagedkv.v1 import KVCacheManager, Scheduler
 from pagedkv.v1.sample import RejectionSampler, rejection_sample
 from pagedkv.v1.spec_decode import NgramProposer, SpeculativeConfig
+from pagedkv.viz.spec_decode import slot_map
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
@@ -198,6 +199,8 @@ def test_four_drafts_one_accepted_rolls_back_three_slots_and_keeps_the_blocks():
     assert len(kv.get_block_ids("a")) == 3  # slots 0..9 were given: 3 blocks stay though 8 tokens need 2
     assert len(kv.prefix_cache.block_to_hash) == 1  # block 0 (tokens 1-4); block 1 held drafts: never named
     assert s.spec_decoding_stats.num_accepted_tokens_per_pos == [1, 0, 0, 0]
+    drawn = slot_map(kv.snapshot(), "a", request.num_computed_tokens, request.num_tokens)
+    assert str(drawn).splitlines()[1:3] == ["  block   1  [###x]", "  block   2  [xx..]"]  # 7-9: rejected drafts
     out = draft_step(s, "a", [12], [12, 13])  # the next step writes slot 7 again (the rejected 8's slot)
     assert out.num_scheduled_tokens == {"a": 2} and request.num_computed_tokens == 9
     assert len(kv.get_block_ids("a")) == 3 and kv.num_free_blocks == 13  # no new block: it had them

@@ -9,7 +9,8 @@ map can be drawn for vLLM's own scheduler state as well. Two moments of a step:
 * **after the step** (``scheduled_drafts=None``): the rejected drafts' slots, written but past
   ``num_computed_tokens`` after the rollback: stale, overwritten by the next step before any row reads them.
 
-Each block is a row of ``block_size`` slots; a block in the prefix cache shows its hash: never one with a draft.
+Each block is a row of ``block_size`` slots, numbered by position; a block in the prefix cache shows its hash: never
+one with a draft.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def draw_slot_maps(maps: list, axes=None, key: bool = True):
                 color = SLOT_KINDS[k][1]
                 ax.add_patch(plt.Rectangle((j, row), 0.92, 0.86, facecolor=color, edgecolor=EDGE, linewidth=0.5,
                                            hatch="///" if k == "rejected" else None))
+                ax.text(j + 0.46, row + 0.45, str(row * bs + j), ha="center", va="center", fontsize=7,
+                        color="white" if k in ("kv", "rejected") else "#333333")  # the slot's position
             ax.text(-0.2, row + 0.45, f"block {block_id}", ha="right", va="center", fontsize=8)
             if block_hash:
                 ax.text(bs + 0.1, row + 0.45, f"hash {block_hash[:4]}", ha="left", va="center", fontsize=7,
