@@ -18,6 +18,12 @@ budget of ``max_num_batched_tokens`` so that requests catch up:
    steps later.
 
 A request samples a token only in a step whose chunk reaches the end of its tokens.
+
+Under async scheduling (``AsyncScheduler``, ``async_scheduler.py``) a request's ``num_computed_tokens`` also counts
+``num_output_placeholders``: tokens a step in flight will sample, whose slots are allocated before anyone has seen
+them; ``update_from_output`` resolves them, and forgets them for a request that was preempted or finished with a
+step in flight (vLLM 0.33: the "stale" output of ``_preempt_request`` and ``update_from_output``). Synchronously
+there is never a placeholder, and every line below does what it did before.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, to be recomputed
     FINISHED = "finished"
+    FINISHED_ABORTED = "finished_aborted"  # finish_requests: the caller gave up on it (vLLM: abort_request)
 
 
 @dataclass(eq=False)
@@ -52,6 +59,14 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its (last) admission
+    # async scheduling (vLLM 0.33's names, vllm/v1/request.py): tokens of steps in flight, counted in
+    # num_computed_tokens before their outputs are processed ...
+    num_in_flight_tokens: int = 0
+    # ... of which sampled tokens nobody has seen yet (their slots are allocated; AsyncScheduler sets them)
+    num_output_placeholders: int = 0
+    # tokens in flight when the request was preempted: their output is delivered, but changes no counter
+    num_stale_output_tokens: int = 0
+    is_prefill_chunk: bool = False  # this step's chunk stops short of the end: it samples nothing
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -146,9 +161,18 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens, threshold)
         if not out.preempted_req_ids:  # vLLM admits nobody in a step that had to preempt
             self._schedule_waiting(out, budget, threshold)
-        for request_id, num_tokens in out.num_scheduled_tokens.items():  # vLLM: _update_after_schedule
-            self.requests[request_id].num_computed_tokens += num_tokens
+        self._update_after_schedule(out)
         return out
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        """Count the step's tokens as computed now, so the next ``schedule()`` may hand out the tokens after them
+        before this step has run (vLLM 0.33: ``Scheduler._update_after_schedule``)."""
+        for request_id, num_tokens in out.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            request.num_computed_tokens += num_tokens
+            request.num_in_flight_tokens += num_tokens
+            request.is_prefill_chunk = request.num_computed_tokens < (request.num_tokens
+                                                                      + request.num_output_placeholders)
 
     def _long_prefill_threshold(self) -> int:
         """This step's cap on a chunk: ``long_prefill_token_threshold``, or 0 (none) when at most one request is
@@ -159,7 +183,8 @@ class Scheduler:
     @staticmethod
     def _chunk(request: Request, num_computed: int, budget: int, threshold: int) -> int:
         """How many of the request's uncomputed tokens fit this step."""
-        num_new = request.num_tokens - num_computed
+        # placeholders: tokens a step in flight samples (async); drafts (speculation) would add num_tokens_with_spec
+        num_new = request.num_tokens + request.num_output_placeholders - num_computed
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
@@ -168,6 +193,10 @@ class Scheduler:
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
+            if (request.num_output_placeholders > 0 and request.num_computed_tokens + 2
+                    - request.num_output_placeholders >= len(request.prompt_token_ids) + request.max_tokens):
+                i += 1  # async: the step in flight samples its last token (max_tokens); schedule no extra step
+                continue
             num_new = self._chunk(request, request.num_computed_tokens, budget, threshold)
             while self.kv_cache_manager.allocate_slots(request, num_new) is None:
                 victim = self._running.pop()  # FCFS: the latest arrival goes first
@@ -204,6 +233,9 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.num_recomputed_tokens += request.num_computed_tokens
         request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
+        # async: the output of a step in flight is stale; it is delivered, but moves no counter
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting.appendleft(request)
@@ -214,26 +246,64 @@ class Scheduler:
                 queue.remove(request.request_id)
 
     def sampling_request_ids(self, out: SchedulerOutput) -> list:
-        """The scheduled requests whose chunk reaches the end of their tokens: they sample this step."""
-        return [r for r in out.num_scheduled_tokens
-                if self.requests[r].num_computed_tokens == self.requests[r].num_tokens]
+        """The scheduled requests whose chunk reaches the end of their tokens: they sample this step. Ask right
+        after ``schedule()`` (under async scheduling the next ``schedule()`` comes before this step's output)."""
+        return [r for r in out.num_scheduled_tokens if not self.requests[r].is_prefill_chunk]
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict) -> list:
         """Append each sampled token; finish requests that hit ``max_tokens`` or a stop token. Returns the
-        request ids finished in this step."""
+        request ids finished in this step.
+
+        ``sampled``: request id -> token, for the requests that sampled (a prefill chunk samples nothing). Under
+        async scheduling the output may be stale (vLLM 0.33's ``update_from_output``): a request finished or aborted
+        while the step ran gets nothing; one preempted while it ran still gets its token (it is a real token:
+        the step read the blocks before anyone reused them), but no counter moves; otherwise the token resolves
+        a placeholder, and the blocks it completes are cached."""
         done = []
-        for request_id in self.sampling_request_ids(out):
-            request = self.requests[request_id]
+        for request_id, num_tokens in out.num_scheduled_tokens.items():
+            request = self.requests.get(request_id)
+            if request is None:  # finished or aborted while this step ran (async): its output is dropped
+                continue
+            request.num_in_flight_tokens -= num_tokens
+            is_stale = request.num_stale_output_tokens > 0  # preempted while this step ran (async)
+            if is_stale:
+                request.num_stale_output_tokens -= num_tokens
+            if request_id not in sampled:  # a prefill chunk that stops short of the end
+                continue
             token = sampled[request_id]
             request.output_token_ids.append(token)
+            if not is_stale and request.num_output_placeholders > 0:  # async: the placeholder is a token now
+                request.num_output_placeholders -= 1  # drafts: minus one per token returned, rejected ones too
+                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids:
-                self.kv_cache_manager.free(request)
-                self._running.remove(request)
-                request.status = RequestStatus.FINISHED
+                (self._running if request.status == RequestStatus.RUNNING else self._waiting).remove(request)
+                self._free_request(request, RequestStatus.FINISHED)
                 self.finished[request_id] = list(request.output_token_ids)
-                del self.requests[request_id]
                 done.append(request_id)
         return done
+
+    def _free_request(self, request: Request, status: RequestStatus) -> None:
+        """Its blocks back to the pool, at once, even with a step in flight that reads them: that step runs before
+        any later one can write them (vLLM 0.33: ``_free_request``)."""
+        self.kv_cache_manager.free(request)
+        request.status = status
+        del self.requests[request.request_id]
+
+    def finish_requests(self, request_ids, finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list:
+        """Finish requests from outside, e.g. a client that went away (vLLM 0.33: ``Scheduler.finish_requests``,
+        behind ``abort_request``). ``request_ids``: a list; ids not unfinished are skipped. Their blocks are freed
+        now, even with a step in flight for them; that step's output for them is dropped. Returns the ids finished."""
+        if not isinstance(request_ids, (list, set, frozenset)):
+            raise PagedKVValueError(f"request_ids must be a list of request ids, got {request_ids!r}.")
+        if finished_status not in (RequestStatus.FINISHED, RequestStatus.FINISHED_ABORTED):
+            raise PagedKVValueError(f"finished_status must be a finished RequestStatus, got {finished_status!r}.")
+        for request_id in request_ids:
+            check_hashable("request_ids[...]", request_id)
+        valid = [self.requests[r] for r in dict.fromkeys(request_ids) if r in self.requests]
+        for request in valid:
+            (self._running if request.status == RequestStatus.RUNNING else self._waiting).remove(request)
+            self._free_request(request, finished_status)
+        return [r.request_id for r in valid]
 
     def finish_ignored(self, request_id) -> None:
         """Finish a waiting request that can never fit, with the tokens it has (the engine warns)."""
