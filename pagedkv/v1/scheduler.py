@@ -313,5 +313,5 @@ class Scheduler:
         self.finished[request_id] = list(request.output_token_ids)
 
     def __repr__(self) -> str:
-        return (f"v1.Scheduler(running={self.running}, waiting={self.waiting}, "
+        return (f"v1.{type(self).__name__}(running={self.running}, waiting={self.waiting}, "
                 f"budget={self.max_num_batched_tokens}, preemptions={self.num_preemptions})")
