@@ -88,7 +88,7 @@ def checked(monkeypatch):
         add(self, request_id, prompt_token_ids, *args, **kwargs)
         prompts[id(self), request_id] = list(prompt_token_ids)
 
-    def checked_forward(self, chunks, sampling):
+    def checked_forward(self, chunks, sampling, *args):
         """The kernel writes every chunk's K/V, then attends: so first record the writes, then check each read
         (a position of the sequence, inside the window) finds this sequence's own token there."""
         if self.version == "v1":
@@ -113,7 +113,7 @@ def checked(monkeypatch):
                         got = shadow.get((me, g, table[position // bs] * bs + position % bs))
                         assert got == (position, want), (f"request {chunk.key!r} read position {position} from a "
                                                          f"slot holding {got}, not {(position, want)}")
-        return forward(self, chunks, sampling)
+        return forward(self, chunks, sampling, *args)
 
     monkeypatch.setattr(LLMEngine, "__init__", init)
     monkeypatch.setattr(Scheduler, "add_request", add_request)
@@ -352,6 +352,31 @@ def test_a_preempted_request_keeps_the_token_of_its_step_in_flight():
     assert s.finished == {r: [token_of(r, p) for p in range(3, 9)] for r in ("a", "b")}
 
 
+def test_drafts_are_placeholders_too_and_a_rejection_gives_them_back():
+    """vLLM 0.33's arithmetic with speculation (k = 2): a decode step's placeholders are its token and the drafts
+    it verifies; its next drafts are -1 placeholders; rejected drafts roll back num_computed_tokens and their
+    placeholders. Between steps a request has computed every known token but its last, plus the step in flight's
+    placeholders."""
+    s = AsyncScheduler(KVCacheManager(4, 16), num_spec_tokens=2)
+    s.add_request("r", [1, 2, 3], 20)
+    r, queue = s.requests["r"], deque()
+    queue.appendleft(s.schedule())  # step 0: the prompt; it samples one token
+    assert (r.num_computed_tokens, r.num_output_placeholders, r.spec_token_ids) == (3, 1, [-1, -1])
+    queue.appendleft(s.schedule())  # step 1: the placeholder and two placeholder drafts
+    assert queue[0].num_scheduled_tokens == {"r": 3} and queue[0].scheduled_spec_decode_tokens == {"r": [-1, -1]}
+    assert (r.num_computed_tokens, r.num_output_placeholders) == (6, 4)
+    s.update_from_output(queue.pop(), {"r": [7]})  # step 0: one token
+    assert (r.num_tokens, r.num_computed_tokens, r.num_output_placeholders) == (4, 6, 3)
+    queue.appendleft(s.schedule())  # step 2, assuming step 1's drafts are accepted
+    assert (r.num_computed_tokens, r.num_output_placeholders) == (9, 6)
+    s.update_from_output(queue.pop(), {"r": [8]})  # step 1: both drafts rejected, one token
+    assert (r.num_tokens, r.num_computed_tokens, r.num_output_placeholders) == (5, 7, 3)
+    assert r.num_computed_tokens == r.num_tokens + r.num_output_placeholders - 1
+    s.update_from_output(queue.pop(), {"r": [9, 10, 11]})  # step 2: both accepted, and the bonus token
+    assert (r.num_tokens, r.num_computed_tokens, r.num_output_placeholders) == (8, 7, 0)
+    assert r.output_token_ids == [7, 8, 9, 10, 11]
+
+
 # --------------------------------------------------------------- the engine's loop and thread
 def test_step_n_plus_1_is_scheduled_while_step_n_runs(tiny, monkeypatch):
     """One request, 6 tokens: steps 0-5, each sampling one. The forward of step k (but the last) waits, bounded,
@@ -367,7 +392,7 @@ def test_step_n_plus_1_is_scheduled_while_step_n_runs(tiny, monkeypatch):
             state.notify_all()
         return out
 
-    def waiting_forward(self, chunks, sampling):
+    def waiting_forward(self, chunks, sampling, *args):
         assert threading.current_thread().name == "pagedkv-forward"
         step = counts["forwards"]
         counts["forwards"] += 1
@@ -375,7 +400,7 @@ def test_step_n_plus_1_is_scheduled_while_step_n_runs(tiny, monkeypatch):
             with state:
                 assert state.wait_for(lambda: counts["scheduled"] >= step + 2, timeout=30), \
                     f"step {step + 1} was not scheduled while step {step} ran"
-        return forward(self, chunks, sampling)
+        return forward(self, chunks, sampling, *args)
 
     monkeypatch.setattr(AsyncScheduler, "schedule", counting_schedule)
     monkeypatch.setattr(LLMEngine, "_forward", waiting_forward)
@@ -428,11 +453,11 @@ def test_a_forward_that_raises_reaches_the_caller_and_the_thread_is_joined(tiny,
     model, tokenizer = tiny
     calls, forward = [], LLMEngine._forward
 
-    def failing_forward(self, chunks, sampling):
+    def failing_forward(self, chunks, sampling, *args):
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("the model broke")
-        return forward(self, chunks, sampling)
+        return forward(self, chunks, sampling, *args)
 
     monkeypatch.setattr(LLMEngine, "_forward", failing_forward)
     run = LLMEngine(model, version="v1", async_scheduling=True, num_gpu_blocks=32, block_size=4)
@@ -447,9 +472,9 @@ def test_a_stuck_forward_fails_within_the_timeout(tiny, monkeypatch):
     model, tokenizer = tiny
     release, forward = threading.Event(), LLMEngine._forward
 
-    def stuck_forward(self, chunks, sampling):
+    def stuck_forward(self, chunks, sampling, *args):
         release.wait(30)
-        return forward(self, chunks, sampling)
+        return forward(self, chunks, sampling, *args)
 
     monkeypatch.setattr(engine_module, "EXECUTE_MODEL_TIMEOUT_S", 0.5)
     monkeypatch.setattr(LLMEngine, "_forward", stuck_forward)
@@ -472,6 +497,8 @@ def test_a_stuck_forward_fails_within_the_timeout(tiny, monkeypatch):
     (dict(version="v1", async_scheduling=1), "async_scheduling must be True"),
     (dict(version="v1", async_scheduling="yes"), "async_scheduling must be True"),
     (dict(version="v1", async_scheduling=None), "async_scheduling must be True"),
+    (dict(version="v1", async_scheduling=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+     "refuses async scheduling with ngram"),
 ])
 def test_bad_async_settings_say_what_to_do(tiny, kwargs, words):
     with pytest.raises(PagedKVError, match=words):

@@ -19,6 +19,11 @@ of a request finished or aborted while the step ran, and delivers the output of 
 extra step to a request whose step in flight samples its last token (``max_tokens``); a stop token or EOS cannot
 be known in advance, so that request has one step too many: one slot allocated and one token computed, then thrown
 away.
+
+With speculative decoding the placeholders cover the drafts a step verifies too, and the next step's drafts are
+``-1`` placeholders in ``spec_token_ids`` that vLLM's model runner fills in on the GPU (``ngram_gpu``, EAGLE);
+0.33's V1 model runner refuses async scheduling with the CPU ``ngram`` method, and so does pagedkv's engine, whose
+n-gram proposer runs on the main thread after each step's output.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ class AsyncScheduler(Scheduler):
             request = self.requests[request_id]
             if request.is_prefill_chunk:
                 continue  # samples nothing this step
-            # One token sampled per step. With speculation 0.33 adds the scheduled drafts here
-            # (len(scheduled_spec_decode_tokens[request_id])) and sets request.spec_token_ids to as many -1
-            # placeholders, which the worker fills in; pagedkv's scheduler has no drafts on this branch.
-            request.num_output_placeholders += 1
+            # the token it samples, and the drafts it verifies (each becomes a token or is rolled back)
+            request.num_output_placeholders += 1 + len(out.scheduled_spec_decode_tokens.get(request_id, ()))
+            # its next drafts are not known either: -1 placeholders, which vLLM's worker fills in on the GPU
+            request.spec_token_ids = [-1] * self.num_spec_tokens

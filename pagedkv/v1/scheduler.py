@@ -19,6 +19,15 @@ budget of ``max_num_batched_tokens`` so that requests catch up:
 
 A request samples a token only in a step whose chunk reaches the end of its tokens.
 
+**Speculative decoding** (vLLM 0.33 the same: ``num_tokens_with_spec``, ``scheduled_spec_decode_tokens``,
+``update_draft_token_ids``, the rollback in ``update_from_output``): a running request's draft tokens
+(``spec_token_ids``, set after the step that sampled) count as tokens to catch up, so a decode asks the budget for
+``1 + k`` tokens and ``allocate_slots`` gives the drafts KV slots like any token (plus ``num_lookahead_tokens``
+past them for a drafter that writes its own K/V: none for n-gram). The target verifies them in that step's forward;
+``update_from_output`` receives the accepted drafts and one more token, and rolls ``num_computed_tokens`` back by
+the rejected ones, whose slots the next step overwrites. The blocks stay: a request keeps the blocks its drafts
+were given, and the prefix cache names a block only when ``num_tokens`` (never a draft) fills it.
+
 Under async scheduling (``AsyncScheduler``, ``async_scheduler.py``) a request's ``num_computed_tokens`` also counts
 ``num_output_placeholders``: tokens a step in flight will sample, whose slots are allocated before anyone has seen
 them; ``update_from_output`` resolves them, and forgets them for a request that was preempted or finished with a
@@ -36,6 +45,7 @@ from ..errors import DuplicateSequenceError, PagedKVValueError
 from ..sampling import SamplingParams
 from ..validate import check_hashable, check_int, check_token_ids
 from .kv_cache_manager import KVCacheManager
+from .spec_decode.metrics import SpecDecodingStats
 
 
 class RequestStatus(enum.Enum):
@@ -66,7 +76,8 @@ class Request:
     num_output_placeholders: int = 0
     # tokens in flight when the request was preempted: their output is delivered, but changes no counter
     num_stale_output_tokens: int = 0
-    is_prefill_chunk: bool = False  # this step's chunk stops short of the end: it samples nothing
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in its next step
+    is_prefill_chunk: bool = False  # its last scheduled chunk stopped short of its tokens (samples nothing)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -75,6 +86,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Its tokens and its drafts: what ``num_computed_tokens`` catches up to in a step."""
+        return self.num_tokens + len(self.spec_token_ids)
 
 
 @dataclass
@@ -85,6 +101,7 @@ class SchedulerOutput:
     scheduled_new_reqs: list = field(default_factory=list)  # admitted from waiting this step
     scheduled_running_reqs: list = field(default_factory=list)  # were running already
     preempted_req_ids: list = field(default_factory=list)
+    scheduled_spec_decode_tokens: dict = field(default_factory=dict)  # request_id -> draft tokens to verify
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -99,11 +116,15 @@ class Scheduler:
     """One token budget over ``running`` then ``waiting``, on a :class:`KVCacheManager`."""
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True):
+                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
+                 num_spec_tokens: int = 0, num_lookahead_tokens: int = 0):
         """``scheduler_reserve_full_isl`` (vLLM 0.33's ``SchedulerConfig`` setting, on by default): admit a
         waiting or preempted request only if its full input sequence (``num_tokens``) fits the free blocks, not just
         its first chunk
-        ("prevents over-admission and KV cache thrashing with chunked prefill")."""
+        ("prevents over-admission and KV cache thrashing with chunked prefill").
+        ``num_spec_tokens``: the most drafts a request verifies per step (0: no speculation);
+        ``num_lookahead_tokens``: slots reserved past the scheduled tokens for a drafter's own K/V (vLLM's
+        ``VllmConfig.num_lookahead_tokens``; 0 for n-gram)."""
         if not isinstance(kv_cache_manager, KVCacheManager):
             raise PagedKVValueError(f"kv_cache_manager must be a pagedkv.v1.KVCacheManager, got "
                                     f"{type(kv_cache_manager).__name__}.")
@@ -116,6 +137,9 @@ class Scheduler:
             raise PagedKVValueError(f"scheduler_reserve_full_isl must be True (admit a request only if its whole "
                                     f"sequence fits, vLLM's default) or False, got {scheduler_reserve_full_isl!r}.")
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
+        self.num_spec_tokens = check_int("num_spec_tokens", num_spec_tokens, minimum=0)
+        self.num_lookahead_tokens = check_int("num_lookahead_tokens", num_lookahead_tokens, minimum=0)
+        self.spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)  # every draft verified so far
         self.requests: dict = {}  # request_id -> Request, every unfinished one
         self.finished: dict = {}  # request_id -> its output token ids, in finishing order
         self._waiting: deque[Request] = deque()
@@ -183,8 +207,8 @@ class Scheduler:
     @staticmethod
     def _chunk(request: Request, num_computed: int, budget: int, threshold: int) -> int:
         """How many of the request's uncomputed tokens fit this step."""
-        # placeholders: tokens a step in flight samples (async); drafts (speculation) would add num_tokens_with_spec
-        num_new = request.num_tokens + request.num_output_placeholders - num_computed
+        # placeholders: tokens a step in flight samples (async scheduling)
+        num_new = request.num_tokens_with_spec + request.num_output_placeholders - num_computed
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
@@ -198,7 +222,8 @@ class Scheduler:
                 i += 1  # async: the step in flight samples its last token (max_tokens); schedule no extra step
                 continue
             num_new = self._chunk(request, request.num_computed_tokens, budget, threshold)
-            while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+            while self.kv_cache_manager.allocate_slots(request, num_new,
+                                                       num_lookahead_tokens=self.num_lookahead_tokens) is None:
                 victim = self._running.pop()  # FCFS: the latest arrival goes first
                 self._preempt(victim, out)
                 if victim is request:
@@ -208,6 +233,13 @@ class Scheduler:
                 out.scheduled_running_reqs.append(request.request_id)
                 budget -= num_new
                 i += 1
+                if request.spec_token_ids:  # the drafts that fit the chunk (the budget may cut some)
+                    num_scheduled_spec_tokens = (num_new + request.num_computed_tokens - request.num_tokens
+                                                 - request.num_output_placeholders)
+                    if num_scheduled_spec_tokens > 0:
+                        out.scheduled_spec_decode_tokens[request.request_id] = \
+                            request.spec_token_ids[:num_scheduled_spec_tokens]
+                    request.spec_token_ids = []  # new ones come from update_draft_token_ids after the step
                 continue
             break  # the request itself was preempted: nobody after it runs either
         return budget
@@ -218,6 +250,7 @@ class Scheduler:
             hits, num_cached = self.kv_cache_manager.get_computed_blocks(request)
             num_new = self._chunk(request, num_cached, budget, threshold)
             if self.kv_cache_manager.allocate_slots(request, num_new, num_cached, hits,
+                                                    num_lookahead_tokens=self.num_lookahead_tokens,
                                                     full_sequence_must_fit=self.scheduler_reserve_full_isl) is None:
                 break
             self._waiting.popleft()
@@ -233,6 +266,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.num_recomputed_tokens += request.num_computed_tokens
         request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
+        request.spec_token_ids = []
         # async: the output of a step in flight is stale; it is delivered, but moves no counter
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
@@ -241,6 +275,7 @@ class Scheduler:
         self._waiting.appendleft(request)
         out.preempted_req_ids.append(request.request_id)
         out.num_scheduled_tokens.pop(request.request_id, None)
+        out.scheduled_spec_decode_tokens.pop(request.request_id, None)
         for queue in (out.scheduled_running_reqs, out.scheduled_new_reqs):
             if request.request_id in queue:
                 queue.remove(request.request_id)
@@ -251,14 +286,15 @@ class Scheduler:
         return [r for r in out.num_scheduled_tokens if not self.requests[r].is_prefill_chunk]
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict) -> list:
-        """Append each sampled token; finish requests that hit ``max_tokens`` or a stop token. Returns the
-        request ids finished in this step.
+        """Append each sampled token (a request that verified drafts: its list, the accepted drafts and one more);
+        roll ``num_computed_tokens`` back by the rejected drafts; finish requests that hit ``max_tokens`` or a
+        stop token (tokens after it are dropped). Returns the request ids finished in this step.
 
-        ``sampled``: request id -> token, for the requests that sampled (a prefill chunk samples nothing). Under
+        ``sampled``: request id -> token(s), for the requests that sampled (a prefill chunk samples nothing). Under
         async scheduling the output may be stale (vLLM 0.33's ``update_from_output``): a request finished or aborted
-        while the step ran gets nothing; one preempted while it ran still gets its token (it is a real token:
-        the step read the blocks before anyone reused them), but no counter moves; otherwise the token resolves
-        a placeholder, and the blocks it completes are cached."""
+        while the step ran gets nothing; one preempted while it ran still gets its tokens (real ones: the step read
+        the blocks before anyone reused them), but no counter moves; otherwise the tokens resolve placeholders
+        (rejected drafts too), and the blocks they complete are cached."""
         done = []
         for request_id, num_tokens in out.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
@@ -270,17 +306,44 @@ class Scheduler:
                 request.num_stale_output_tokens -= num_tokens
             if request_id not in sampled:  # a prefill chunk that stops short of the end
                 continue
-            token = sampled[request_id]
-            request.output_token_ids.append(token)
-            if not is_stale and request.num_output_placeholders > 0:  # async: the placeholder is a token now
-                request.num_output_placeholders -= 1  # drafts: minus one per token returned, rejected ones too
+            new_token_ids = sampled[request_id]
+            new_token_ids = [new_token_ids] if isinstance(new_token_ids, int) else list(new_token_ids)
+            draft = out.scheduled_spec_decode_tokens.get(request_id)
+            if draft:  # vLLM: num_rejected = num_draft_tokens - num_accepted; their slots are written again
+                num_accepted = len(new_token_ids) - 1
+                if not is_stale:  # a stale count predates the preemption, which reset the counters already
+                    request.num_computed_tokens -= len(draft) - num_accepted
+                    if request.num_output_placeholders > 0:  # async: the rejected drafts were placeholders
+                        request.num_output_placeholders -= len(draft) - num_accepted
+                self.spec_decoding_stats.observe_draft(len(draft), num_accepted)
+            has_output_placeholders = request.num_output_placeholders > 0
+            stopped = False
+            for token in new_token_ids:
+                request.output_token_ids.append(token)
+                stopped = len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids
+                if stopped:
+                    break
+            if not is_stale and has_output_placeholders:  # async: the placeholders are tokens now
+                request.num_output_placeholders -= len(new_token_ids)  # those cut after a stop too
                 self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
-            if len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids:
+            if stopped:
                 (self._running if request.status == RequestStatus.RUNNING else self._waiting).remove(request)
                 self._free_request(request, RequestStatus.FINISHED)
                 self.finished[request_id] = list(request.output_token_ids)
                 done.append(request_id)
         return done
+
+    def update_draft_token_ids(self, draft_token_ids: dict) -> None:
+        """Give each running request its new drafts (``{request_id: tokens}``), to verify in its next step;
+        finished requests and those still in a prefill chunk get none (vLLM: ``update_draft_token_ids``)."""
+        for request_id, spec_token_ids in draft_token_ids.items():
+            request = self.requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
+            if request.is_prefill_chunk:  # it sampled nothing this step: no drafts
+                request.spec_token_ids = []
+                continue
+            request.spec_token_ids = list(spec_token_ids)[:self.num_spec_tokens]
 
     def _free_request(self, request: Request, status: RequestStatus) -> None:
         """Its blocks back to the pool, at once, even with a step in flight that reads them: that step runs before
