@@ -29,6 +29,7 @@ import dataclasses
 import itertools
 import queue
 import threading
+import time
 import warnings
 from collections import deque
 from concurrent.futures import Future
@@ -84,6 +85,17 @@ class EngineStats:
         """Per draft position ``i``: the share of drafts whose tokens ``0..i`` were all accepted (vLLM's
         "per-position acceptance rate")."""
         return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.num_accepted_tokens_per_pos]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """A span of work in the async engine loop (``LLMEngine.trace``), what the timeline figure draws."""
+
+    thread: str  # "main" or "forward"
+    kind: str  # main: "schedule", "wait" (for a step's output), "update"; forward: "forward" (and the draws)
+    step: int  # the step it belongs to (engine.stats.steps counts from 1; this from 0)
+    start: float  # time.perf_counter() seconds
+    end: float
 
 
 class _ForwardThread:
@@ -259,6 +271,7 @@ class LLMEngine:
         self._executor = None  # the forward thread, started by the first step in flight, joined when idle
         self._prev_sampled: dict = {}  # forward thread only: the tokens its last step sampled
         self._failed = None  # a forward that raised: the engine's requests are lost
+        self.trace: list | None = None  # set to [] to record a StepEvent for each span of the async loop
 
     def snapshot(self):
         """The block manager's snapshot (v0) or the KV cache manager's (v1): every drawing reads it."""
@@ -471,13 +484,16 @@ class LLMEngine:
             raise PagedKVValueError(f"this engine's forward failed ({self._failed!r}); its requests are lost: make "
                                     "a new LLMEngine.")
         if self.scheduler.has_unfinished_requests():
+            start = time.perf_counter()
             out = self.scheduler.schedule()
             self._count_v1(out)
+            step = self.stats.steps - 1
             if not out.is_empty:
                 sampling = self.scheduler.sampling_request_ids(out)  # known now: the next schedule() changes it
                 processors = {r: self._processors[r] for r in sampling}
-                future = self._worker().submit(self._execute_model, self._chunks_v1(out), sampling, processors)
-                self.batch_queue.appendleft((future, out))
+                future = self._worker().submit(self._execute_model, self._chunks_v1(out), sampling, processors, step)
+                self.batch_queue.appendleft((future, out, step))
+                self._record("main", "schedule", step, start)
                 if len(self.batch_queue) < self.batch_queue_size:
                     return None  # fill the queue before waiting for an output
             elif not self.batch_queue and not out.preempted_req_ids:
@@ -489,33 +505,44 @@ class LLMEngine:
             self._shutdown_worker()
         return out
 
-    def _process_output(self, future, out: V1SchedulerOutput) -> V1SchedulerOutput:
+    def _process_output(self, future, out: V1SchedulerOutput, step: int) -> V1SchedulerOutput:
         """Wait for a step's sampled tokens and update the scheduler; a request finished or aborted meanwhile
         keeps nothing of it."""
+        start = time.perf_counter()
         try:
             sampled, logprobs = future.result(timeout=EXECUTE_MODEL_TIMEOUT_S)
         except BaseException as error:
             self._failed = error
             self._shutdown_worker()
             raise
+        self._record("main", "wait", step, start)
+        start = time.perf_counter()
         for row, request_id in enumerate(sampled):
             if request_id in self.scheduler.requests:
                 self._processors[request_id].record(request_id, sampled[request_id], logprobs[row])
         self.scheduler.update_from_output(out, sampled)
+        self._record("main", "update", step, start)
         return out
 
-    def _execute_model(self, chunks: list, sampling: list, processors: dict) -> tuple[dict, torch.Tensor]:
+    def _record(self, thread: str, kind: str, step: int, start: float) -> None:
+        if self.trace is not None:  # list.append: safe from either thread
+            self.trace.append(StepEvent(thread, kind, step, start, time.perf_counter()))
+
+    def _execute_model(self, chunks: list, sampling: list, processors: dict, step: int) -> tuple[dict, torch.Tensor]:
         """On the forward thread: each placeholder becomes the token its request sampled in the step before (vLLM:
         the model runner's ``_prepare_input_ids`` copies ``prev_sampled_token_ids`` on the GPU), the model runs,
         and each sampling request draws its token. Returns the tokens and the log-probabilities of their rows;
         the engine's state is left to the main thread (only the pages and ``_prev_sampled`` change here)."""
+        start = time.perf_counter()
         for chunk in chunks:
             chunk.token_ids = [self._prev_sampled[chunk.key] if t == PLACEHOLDER else t for t in chunk.token_ids]
         logits = self._forward(chunks, sampling)
         argmax = logits.argmax(dim=-1).tolist()
         sampled = {r: processors[r].draw(r, row, logits, argmax) for row, r in enumerate(sampling)}
         self._prev_sampled = sampled
-        return sampled, torch.log_softmax(logits.float(), dim=-1)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        self._record("forward", "forward", step, start)
+        return sampled, logprobs
 
     def _worker(self) -> _ForwardThread:
         if self._executor is None:

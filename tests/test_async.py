@@ -411,6 +411,24 @@ def test_step_n_plus_1_is_scheduled_while_step_n_runs(tiny, monkeypatch):
     whole(run)
 
 
+def test_the_trace_records_each_step_on_its_thread(tiny):
+    """``engine.trace``: per step a schedule, a forward (on the forward thread), a wait and an update; a wait ends
+    after its forward, and step k + 1 is scheduled before step k's output is processed."""
+    model, tokenizer = tiny
+    run = LLMEngine(model, version="v1", async_scheduling=True, num_gpu_blocks=32, block_size=4)
+    run.trace = []
+    run.generate([tokenizer.encode(TEXTS[0])], 5)
+    spans = {(e.kind, e.step): e for e in run.trace}
+    assert sorted(spans) == sorted((kind, step) for step in range(5)
+                                   for kind in ("schedule", "forward", "wait", "update"))
+    assert {e.thread for e in run.trace if e.kind == "forward"} == {"forward"}
+    for step in range(5):
+        assert spans["forward", step].end <= spans["wait", step].end <= spans["update", step].start
+    for step in range(4):
+        assert spans["schedule", step + 1].end <= spans["wait", step].start
+    whole(run)
+
+
 def test_abort_with_a_step_in_flight_frees_at_once_and_drops_its_output(tiny):
     model, tokenizer = tiny
     prompts = [tokenizer.encode(t) for t in TEXTS[:3]]
