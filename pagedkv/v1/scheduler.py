@@ -78,6 +78,7 @@ class Request:
     num_stale_output_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in its next step
     is_prefill_chunk: bool = False  # its last scheduled chunk stopped short of its tokens (samples nothing)
+    shared_prefix_boundary: int = 0  # end of a prefix shared with an earlier request, set at each lookup; 0: none
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -146,6 +147,12 @@ class Scheduler:
         self._running: list[Request] = []
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens thrown away by preemptions (computed again later)
+
+    @property
+    def prefix_cache_retention_interval(self) -> int | None:
+        """Its manager's setting (``KVCacheManager(..., prefix_cache_retention_interval=0)``): vLLM's scheduler
+        builds its manager from the cache config; this one is handed its manager, so the setting lives there."""
+        return self.kv_cache_manager.prefix_cache_retention_interval
 
     @property
     def waiting(self) -> list:
