@@ -584,6 +584,36 @@ def _next_step_metadata(cumulative: bool = True, causal_offset: bool = True):
     return (cu_seqlens_q if cumulative else q_lens), keys
 
 
+# -------------------------------------------------- async_scheduling
+def _async_tokens_computed():
+    """Async scheduling (a queue of two steps), block size 16: A (30-token prompt, max_tokens=100) samples EOS as
+    its 3rd token; B (30-token prompt, max_tokens=3) has no stop token. The tokens the model computes for each,
+    thrown-away ones included, replayed on AsyncScheduler with the engine's loop."""
+    from collections import deque
+
+    from ..v1 import AsyncScheduler, KVCacheManager
+
+    s = AsyncScheduler(KVCacheManager(16, 64, enable_caching=False))
+    s.add_request("A", list(range(30)), 100, stop_token_ids=[2])
+    s.add_request("B", list(range(100, 130)), 3)
+    computed, queue, sampled_so_far = {"A": 0, "B": 0}, deque(), {"A": 0, "B": 0}
+    while s.has_unfinished_requests() or queue:
+        if s.has_unfinished_requests():
+            out = s.schedule()
+            for request_id, num_tokens in out.num_scheduled_tokens.items():
+                computed[request_id] += num_tokens
+            sampled = {}
+            for request_id in s.sampling_request_ids(out):
+                sampled_so_far[request_id] += 1
+                sampled[request_id] = 2 if request_id == "A" and sampled_so_far["A"] == 3 else 7  # A: EOS third
+            if not out.is_empty:
+                queue.appendleft((out, sampled))
+                if len(queue) < 2:
+                    continue
+        s.update_from_output(*queue.pop())
+    return computed["A"], computed["B"]
+
+
 EXERCISES: dict[str, Exercise] = {
     "tp4-blocks-per-gpu": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4",
                       notebook="block_size_arithmetic", expected=_tp4_blocks_per_gpu,
@@ -781,6 +811,14 @@ EXERCISES: dict[str, Exercise] = {
                            "the hit ends after that run, and the full group serves any shorter prefix.",
                       mistakes=((lambda: (24, 4), "that is the full group's hit alone; the sliding group needs the 2 "
                                  "blocks just before the hit point cached, and block 5 is not."),)),
+    "async-tokens-computed": Exercise("(tokens computed for A, tokens computed for B)", notebook="async_scheduling",
+                      expected=_async_tokens_computed,
+                      hint="a step runs on the tokens it was scheduled with; which of the two requests' last token "
+                           "does the scheduler know it is the last before its step's output comes back?",
+                      mistakes=((lambda: (32, 32), "A's EOS is known only when its step's output comes back, and by "
+                                 "then the next step (the EOS's own K/V) was scheduled and runs."),
+                                (lambda: (33, 33), "B's last token is known in advance (max_tokens): vLLM 0.33 "
+                                 "schedules no step after the one that samples it."))),
 }
 
 
