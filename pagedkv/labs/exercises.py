@@ -614,6 +614,29 @@ def _async_tokens_computed():
     return computed["A"], computed["B"]
 
 
+def _stale_token_delivered():
+    """Async scheduling, 5 blocks of 2: A and B (3-token prompts, max_tokens=6) prefill in step 0; step 1 is
+    scheduled before step 0's output; scheduling step 2 preempts B with step 1 in flight. When step 1's output
+    arrives: (B's output tokens, B's num_computed_tokens)."""
+    from collections import deque
+
+    from ..v1 import AsyncScheduler, KVCacheManager
+
+    s = AsyncScheduler(KVCacheManager(2, 5, enable_caching=False), max_num_batched_tokens=16)
+    s.add_request("A", [1, 2, 3], 6)
+    s.add_request("B", [4, 5, 6], 6)
+    queue = deque()
+    for step in range(3):
+        out = s.schedule()
+        queue.appendleft((out, {r: 7 for r in s.sampling_request_ids(out)}))
+        if step == 1:
+            s.update_from_output(*queue.pop())  # step 0's output
+    assert s.requests["B"].num_stale_output_tokens == 1  # preempted in step 2's schedule, step 1 in flight
+    s.update_from_output(*queue.pop())  # step 1's output
+    b = s.requests["B"]
+    return len(b.output_token_ids), b.num_computed_tokens
+
+
 EXERCISES: dict[str, Exercise] = {
     "tp4-blocks-per-gpu": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4",
                       notebook="block_size_arithmetic", expected=_tp4_blocks_per_gpu,
@@ -819,6 +842,13 @@ EXERCISES: dict[str, Exercise] = {
                                  "then the next step (the EOS's own K/V) was scheduled and runs."),
                                 (lambda: (33, 33), "B's last token is known in advance (max_tokens): vLLM 0.33 "
                                  "schedules no step after the one that samples it."))),
+    "stale-token-delivered": Exercise("(B's output tokens, B's num_computed_tokens)", notebook="async_scheduling",
+                      expected=_stale_token_delivered,
+                      hint="which counters does _preempt_request reset, and what may a stale output still change?",
+                      mistakes=((lambda: (1, 0), "a stale output is delivered: the step read B's blocks before anyone "
+                                 "could reuse them, so its token is real and joins B's output."),
+                                (lambda: (2, 5), "the preemption reset num_computed_tokens to 0, and a stale output "
+                                 "moves no counter: B recomputes everything when it comes back."))),
 }
 
 
