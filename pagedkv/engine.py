@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -41,6 +42,8 @@ from .v1 import KVCacheManager, beam_search
 from .v1 import Scheduler as V1Scheduler
 from .v1 import SchedulerOutput as V1SchedulerOutput
 from .v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+from .v1.kv_connector import KVConnectorOutput, KVConnectorRole, OffloadingConnector
+from .v1.kv_offload.cpu import cpu_chunk_bytes, cpu_num_chunks
 from .validate import check_choice, check_hashable, check_int, is_list_like
 
 
@@ -54,6 +57,11 @@ class EngineStats:
     num_cow_copies: int = 0  # copy-on-write block copies (a sequence group's first appends into shared blocks)
     num_ignored: int = 0  # requests that could never fit the pool: finished with the tokens they had
     num_requests: int = 0  # requests added (v1: each child of a fanned-out n > 1 request counts)
+    # v1 with a CPU tier (kv_offloading_size / kv_offloading_blocks), in tokens
+    num_offload_stored_tokens: int = 0  # copied from GPU blocks to the CPU tier
+    num_offload_evicted_tokens: int = 0  # dropped by the CPU tier to make room
+    num_offload_loaded_tokens: int = 0  # copied back from the CPU tier into fresh GPU blocks
+    num_offload_saved_tokens: int = 0  # prompt tokens not computed, because they came back from the CPU tier
 
 
 @dataclass
@@ -114,19 +122,27 @@ class LLMEngine:
                  num_cpu_blocks: int = 0, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  preemption_mode=None, enable_prefix_caching: bool | None = None, watermark: float | None = None,
                  backend: str = "auto", block_manager: BlockSpaceManager | None = None, version: str = "v0",
-                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True):
+                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
+                 kv_offloading_size: float | None = None, kv_offloading_blocks: int | None = None):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
         ``scheduler_reserve_full_isl``, on as in vLLM, a request is admitted only when its full input
         sequence fits: its prompt, plus the outputs a resumed request already has).
         ``block_manager`` (v0): run on an existing manager of the same sizes (the visualizer draws the engine's
-        sequences beside hand-made ones); by default the engine makes its own."""
+        sequences beside hand-made ones); by default the engine makes its own.
+        ``kv_offloading_size`` (GiB, vLLM 0.33's ``--kv-offloading-size``) or ``kv_offloading_blocks`` (v1): a CPU
+        tier of KV blocks behind the GPU pool, reached through vLLM's native ``OffloadingConnector``
+        (``pagedkv.v1.kv_connector``)."""
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
         check_choice("backend", backend, BACKENDS)
         self.version = check_choice("version", version, ("v0", "v1"))
+        if version == "v0" and (kv_offloading_size is not None or kv_offloading_blocks is not None):
+            raise PagedKVValueError("kv_offloading_size / kv_offloading_blocks add a CPU tier through vLLM today's KV "
+                                    "connector: pass version='v1' (v0 moves blocks to CPU by swapping: "
+                                    "num_cpu_blocks with preemption_mode='swap').")
         config = model.config
         self.model = model.eval()
         self.backend = backend
@@ -137,11 +153,14 @@ class LLMEngine:
             _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager)
             self.block_manager = None
             self.kv_cache_groups = kv_cache_groups_for(config, block_size, next(model.parameters()).dtype)
-            self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks,
-                                                   True if enable_prefix_caching is None else enable_prefix_caching,
+            num_offload_blocks = _num_offload_blocks(kv_offloading_size, kv_offloading_blocks, self.kv_cache_groups)
+            caching = True if enable_prefix_caching is None else enable_prefix_caching
+            self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks, caching,
                                                    self.kv_cache_groups, max_num_batched_tokens)
+            connector = OffloadingConnector(KVConnectorRole.SCHEDULER, block_size, num_offload_blocks,
+                                            enable_prefix_caching=caching) if num_offload_blocks else None
             self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
-                                         long_prefill_token_threshold, scheduler_reserve_full_isl)
+                                         long_prefill_token_threshold, scheduler_reserve_full_isl, connector)
         else:
             if long_prefill_token_threshold:
                 raise PagedKVValueError("long_prefill_token_threshold chunks prompts, which only the v1 scheduler "
@@ -166,8 +185,15 @@ class LLMEngine:
         for group_id, group in enumerate(self.kv_cache_groups):
             for layer in group.layer_names:
                 self.layer_group[layer] = group_id
+        connector = self.scheduler.connector if version == "v1" else None
+        num_offload_blocks = connector.num_cpu_blocks if connector is not None else 0
         self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
-                                   num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
+                                   num_cpu_blocks or num_offload_blocks, dtype)
+                       for _ in range(config.num_hidden_layers)]
+        self.kv_connector = None  # the worker side of the KV connector: copies between the two pools of every layer
+        if num_offload_blocks:
+            self.kv_connector = OffloadingConnector(KVConnectorRole.WORKER, block_size, num_offload_blocks)
+            self.kv_connector.register_kv_caches(self.caches)
         self.block_size = block_size
         self.stats = EngineStats()
         self._num_generated = 0
@@ -275,6 +301,8 @@ class LLMEngine:
             self.add_request(request_ids[-1], prompt, sampling)
         while not all(self.is_finished(r) for r in request_ids):
             self.step()
+        while self.kv_connector is not None and self.scheduler.has_requests() and not self.has_unfinished_requests():
+            self.step()  # vLLM's engine core steps on while the connector completes its copies
         outputs = [self.pop_finished(r) for r in request_ids]
         if isinstance(params, (SamplingParams, BeamSearchParams)):
             return outputs
@@ -298,9 +326,11 @@ class LLMEngine:
         """v1: each scheduled request runs its chunk; those whose chunk reaches their last token sample."""
         out = self.scheduler.schedule()
         self._count_v1(out)
+        self._start_kv_transfers(out)
         if out.is_empty:
             if not out.preempted_req_ids:
                 self._ignore_stuck_v1()
+            self.scheduler.update_from_output(out, {}, self._finish_kv_transfers(out))
             return out
         chunks = []
         for request_id, num_tokens in out.num_scheduled_tokens.items():
@@ -310,8 +340,24 @@ class LLMEngine:
                                  request.all_token_ids[start:start + num_tokens], start, start))
         sampling = self.scheduler.sampling_request_ids(out)
         logits = self._forward(chunks, sampling)
-        self.scheduler.update_from_output(out, self._sample(sampling, logits))
+        self.scheduler.update_from_output(out, self._sample(sampling, logits), self._finish_kv_transfers(out))
         return out
+
+    def _start_kv_transfers(self, out: V1SchedulerOutput) -> None:
+        """Before the forward pass, the KV connector's copies (vLLM 0.33: the model runner's
+        ``handle_preemptions`` and ``start_load_kv``)."""
+        if self.kv_connector is not None:
+            self.kv_connector.handle_preemptions(out.kv_connector_metadata)
+            self.kv_connector.start_load_kv(out.kv_connector_metadata)
+
+    def _finish_kv_transfers(self, out: V1SchedulerOutput) -> KVConnectorOutput | None:
+        """After it: the stores of K/V this step wrote, and what completed (vLLM: ``wait_for_save``,
+        ``get_finished``)."""
+        if self.kv_connector is None:
+            return None
+        self.kv_connector.wait_for_save(out.kv_connector_metadata)
+        finished_sending, finished_recving = self.kv_connector.get_finished(out.finished_req_ids)
+        return KVConnectorOutput(finished_sending, finished_recving, self.kv_connector.build_connector_worker_meta())
 
     def _ignore_stuck_v1(self) -> None:
         """Nothing ran and nothing runs: the first waiting request cannot fit even an empty pool. vLLM rejects such
@@ -319,6 +365,8 @@ class LLMEngine:
         kv = self.kv_cache_manager
         if not self.scheduler.requests or self.scheduler.running or kv.num_used_blocks:
             return
+        if self.scheduler.connector is not None and self.scheduler.connector.has_pending_push_work():
+            return  # a request waits for a copy to complete
         request_id = self.scheduler.waiting[0]
         self.scheduler.finish_ignored(request_id)
         self._warn_ignored(request_id)
@@ -426,6 +474,12 @@ class LLMEngine:
         self.stats.num_prefix_cached_tokens += sum(self.scheduler.requests[r].num_cached_tokens
                                                    for r in out.scheduled_new_reqs)
         self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, kv.num_used_blocks)  # any group's blocks
+        if self.scheduler.connector is not None:
+            tier, block_size = self.scheduler.connector.connector_scheduler, self.block_size
+            self.stats.num_offload_stored_tokens = tier.manager.num_stored_chunks * block_size
+            self.stats.num_offload_evicted_tokens = tier.manager.num_evicted_chunks * block_size
+            self.stats.num_offload_loaded_tokens = tier.num_loaded_tokens
+            self.stats.num_offload_saved_tokens = self.scheduler.num_external_computed_tokens
 
     def __repr__(self) -> str:
         return f"LLMEngine(version={self.version!r}, block_size={self.block_size}, {self.scheduler!r})"
@@ -459,6 +513,33 @@ def _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager
     if block_manager is not None:
         raise PagedKVValueError("block_manager is a v0 BlockSpaceManager; a v1 engine makes its own "
                                 "pagedkv.v1.KVCacheManager.")
+
+
+def _num_offload_blocks(kv_offloading_size, kv_offloading_blocks, kv_cache_groups) -> int:
+    """The CPU tier's size in blocks (0: none), from GiB as vLLM 0.33 sizes it or given in blocks."""
+    if kv_offloading_size is not None and kv_offloading_blocks is not None:
+        raise PagedKVValueError(f"kv_offloading_size={kv_offloading_size!r} and kv_offloading_blocks="
+                                f"{kv_offloading_blocks!r}: size the CPU tier one way, in GiB or in blocks.")
+    if kv_offloading_size is None and kv_offloading_blocks is None:
+        return 0
+    if any(group.sliding_window is not None for group in kv_cache_groups):
+        raise PagedKVValueError("this model has sliding-window layers; pagedkv's offloading connector keeps "
+                                "full-attention groups only (vLLM 0.33 offloads a sliding group's window too): run it "
+                                "without kv_offloading_size / kv_offloading_blocks.")
+    if kv_offloading_blocks is not None:
+        return check_int("kv_offloading_blocks", kv_offloading_blocks, minimum=1)
+    if isinstance(kv_offloading_size, bool) or not isinstance(kv_offloading_size, (int, float)) \
+            or not math.isfinite(kv_offloading_size) or kv_offloading_size <= 0:
+        raise PagedKVValueError(f"kv_offloading_size must be a positive number of GiB (e.g. 0.5), got "
+                                f"{kv_offloading_size!r}.")
+    bytes_per_block = sum(group.page_size_bytes for group in kv_cache_groups)
+    num_blocks = cpu_num_chunks(kv_offloading_size, bytes_per_block)
+    if num_blocks < 1:
+        raise PagedKVValueError(f"kv_offloading_size={kv_offloading_size} GiB holds no block: one block of every "
+                                f"layer takes {cpu_chunk_bytes(bytes_per_block)} bytes (padded to the host page). Give "
+                                f"at least {cpu_chunk_bytes(bytes_per_block) / (1 << 30):.3g} GiB, or "
+                                "kv_offloading_blocks=N.")
+    return num_blocks
 
 
 def _check_same_sizes(manager, block_size, num_gpu_blocks, num_cpu_blocks) -> BlockSpaceManager:

@@ -18,6 +18,12 @@ budget of ``max_num_batched_tokens`` so that requests catch up:
    steps later.
 
 A request samples a token only in a step whose chunk reaches the end of its tokens.
+
+With a KV connector (``connector``, e.g. ``kv_connector.OffloadingConnector``), admission asks it, after the GPU
+prefix hit, for more computed tokens (``get_num_new_matched_tokens``: ``num_external_computed_tokens``); a request
+whose tokens arrive asynchronously gets its blocks and waits in ``WAITING_FOR_REMOTE_KVS`` (in a queue of requests
+holding blocks, served before ``waiting``) until the load lands. The hooks are called where 0.33 calls them
+(``vllm/distributed/kv_transfer/kv_connector/v1/base.py`` lists them).
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ from ..errors import DuplicateSequenceError, PagedKVValueError
 from ..sampling import SamplingParams
 from ..validate import check_hashable, check_int, check_token_ids
 from .kv_cache_manager import KVCacheManager
+from .kv_connector.base import KVConnectorBase_V1
 
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, to be recomputed
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # holds its blocks while a KV connector loads into them
     FINISHED = "finished"
 
 
@@ -70,6 +78,8 @@ class SchedulerOutput:
     scheduled_new_reqs: list = field(default_factory=list)  # admitted from waiting this step
     scheduled_running_reqs: list = field(default_factory=list)  # were running already
     preempted_req_ids: list = field(default_factory=list)
+    finished_req_ids: set = field(default_factory=set)  # finished since the last step (for the KV connector)
+    kv_connector_metadata: object = None  # the connector's plan for this step's loads and stores
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -84,11 +94,13 @@ class Scheduler:
     """One token budget over ``running`` then ``waiting``, on a :class:`KVCacheManager`."""
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True):
+                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
+                 connector: KVConnectorBase_V1 | None = None):
         """``scheduler_reserve_full_isl`` (vLLM 0.33's ``SchedulerConfig`` setting, on by default): admit a
         waiting or preempted request only if its full input sequence (``num_tokens``) fits the free blocks, not just
         its first chunk
-        ("prevents over-admission and KV cache thrashing with chunked prefill")."""
+        ("prevents over-admission and KV cache thrashing with chunked prefill").
+        ``connector``: a scheduler-side KV connector, or None."""
         if not isinstance(kv_cache_manager, KVCacheManager):
             raise PagedKVValueError(f"kv_cache_manager must be a pagedkv.v1.KVCacheManager, got "
                                     f"{type(kv_cache_manager).__name__}.")
@@ -101,16 +113,27 @@ class Scheduler:
             raise PagedKVValueError(f"scheduler_reserve_full_isl must be True (admit a request only if its whole "
                                     f"sequence fits, vLLM's default) or False, got {scheduler_reserve_full_isl!r}.")
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
+        if connector is not None and not isinstance(connector, KVConnectorBase_V1):
+            raise PagedKVValueError(f"connector must be a pagedkv.v1.kv_connector.KVConnectorBase_V1 (scheduler role) "
+                                    f"or None, got {type(connector).__name__}.")
+        self.connector = connector
+        if connector is not None:
+            connector.bind_kv_cache_manager(kv_cache_manager)
         self.requests: dict = {}  # request_id -> Request, every unfinished one
         self.finished: dict = {}  # request_id -> its output token ids, in finishing order
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._kv_holding_waiting: deque[Request] = deque()  # waiting requests that hold blocks (a KV load)
+        self._inflight_prefills: set = set()  # admitted, prefill not done: their blocks are promised
+        self.finished_req_ids: set = set()
+        self.finished_recving_kv_req_ids: set = set()
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens thrown away by preemptions (computed again later)
+        self.num_external_computed_tokens = 0  # tokens a KV connector's loads supplied (not computed here)
 
     @property
     def waiting(self) -> list:
-        return [r.request_id for r in self._waiting]
+        return [r.request_id for r in (*self._kv_holding_waiting, *self._waiting)]
 
     @property
     def running(self) -> list:
@@ -118,6 +141,12 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def has_requests(self) -> bool:
+        """Unfinished requests, or a KV connector with work left (finished requests' stores, copies in flight): the
+        engine keeps stepping until it is done (vLLM 0.33: ``Scheduler.has_requests``)."""
+        return self.has_unfinished_requests() or (self.connector is not None and (
+            bool(self.finished_req_ids) or self.connector.has_pending_push_work()))
 
     def add_request(self, request_id, prompt_token_ids, params, stop_token_ids=()) -> None:
         """Queue a request at the back of ``waiting``. ``params``: an int ``max_tokens``, or ``SamplingParams``
@@ -138,6 +167,8 @@ class Scheduler:
         request = Request(request_id, tokens, max_tokens, frozenset(stop))
         self.requests[request_id] = request
         self._waiting.append(request)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
 
     # ---------------------------------------------------------------- one step
     def schedule(self) -> SchedulerOutput:
@@ -146,15 +177,21 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens, threshold)
         if not out.preempted_req_ids:  # vLLM admits nobody in a step that had to preempt
             self._schedule_waiting(out, budget, threshold)
+        out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+        if self.connector is not None:  # plan the step's loads and stores, before the counts below move
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         for request_id, num_tokens in out.num_scheduled_tokens.items():  # vLLM: _update_after_schedule
             self.requests[request_id].num_computed_tokens += num_tokens
+            if self.requests[request_id].num_computed_tokens >= self.requests[request_id].num_tokens:
+                self._inflight_prefills.discard(self.requests[request_id])
         return out
 
     def _long_prefill_threshold(self) -> int:
         """This step's cap on a chunk: ``long_prefill_token_threshold``, or 0 (none) when at most one request is
         running or waiting as the step begins, since a lone request starves nobody (vLLM 0.33: the start of
         ``Scheduler.schedule``)."""
-        return self.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
+        num_waiting = len(self._waiting) + len(self._kv_holding_waiting)
+        return self.long_prefill_token_threshold if len(self._running) + num_waiting > 1 else 0
 
     @staticmethod
     def _chunk(request: Request, num_computed: int, budget: int, threshold: int) -> int:
@@ -184,24 +221,90 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int) -> None:
-        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
-            request = self._waiting[0]
-            hits, num_cached = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = self._chunk(request, num_cached, budget, threshold)
-            if self.kv_cache_manager.allocate_slots(request, num_new, num_cached, hits,
-                                                    full_sequence_must_fit=self.scheduler_reserve_full_isl) is None:
+        """Admit waiting requests, those holding blocks first; a request that cannot go yet for a reason of its own
+        (its load has not landed, the connector cannot answer yet) is skipped, keeping its place."""
+        skipped: dict = {id(self._kv_holding_waiting): [], id(self._waiting): []}
+        while budget > 0 and len(self._running) < self.max_num_seqs:
+            queue = self._kv_holding_waiting or self._waiting
+            if not queue:
                 break
-            self._waiting.popleft()
-            request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_cached
-            request.num_cached_tokens = num_cached
+            request = queue[0]
+            if not self._handle_blocked_waiting_request(request):
+                self._skip_request(queue, skipped)
+                continue
+            num_external, load_kv_async = 0, False
+            if request.num_computed_tokens == 0:  # the GPU prefix cache first, then the connector beyond it
+                hits, num_local = self.kv_cache_manager.get_computed_blocks(request)
+                if self.connector is not None:
+                    num_external, load_kv_async = self.connector.get_num_new_matched_tokens(request, num_local)
+                    if num_external is None:  # it cannot tell yet: ask again next step
+                        self._skip_request(queue, skipped)
+                        continue
+                request.num_cached_tokens = num_local
+            else:  # its load landed: the blocks and their tokens are its own already
+                hits, num_local = None, 0
+            num_computed = request.num_computed_tokens + num_local + num_external
+            num_new = 0 if load_kv_async else self._chunk(request, num_computed, budget, threshold)
+            # an asynchronous load holds its blocks without progress: it must leave the in-flight prefills theirs
+            reserved = self._inflight_prefill_reserved_blocks() if load_kv_async else 0
+            if self.kv_cache_manager.allocate_slots(request, num_new, num_local, hits,
+                                                    full_sequence_must_fit=self.scheduler_reserve_full_isl,
+                                                    num_external_computed_tokens=num_external,
+                                                    delay_cache_blocks=load_kv_async,
+                                                    reserved_blocks=reserved) is None:
+                break
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(request, self.kv_cache_manager.get_block_ids(
+                    request.request_id), num_external)
+            if load_kv_async:  # counted as computed now; not scheduled until the load lands
+                request.status, request.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, num_computed
+                self._inflight_prefills.add(request)
+                self._skip_request(queue, skipped)
+                continue
+            queue.popleft()
+            request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_computed
             self._running.append(request)
             out.num_scheduled_tokens[request.request_id] = num_new
             out.scheduled_new_reqs.append(request.request_id)
             budget -= num_new
+            if num_computed + num_new < request.num_tokens:
+                self._inflight_prefills.add(request)
+        for queue in (self._kv_holding_waiting, self._waiting):  # the skipped ones back in front, in order
+            queue.extendleft(reversed(skipped[id(queue)]))
+
+    def _skip_request(self, queue: deque, skipped: dict) -> None:
+        request = queue.popleft()
+        holds_blocks = request.num_computed_tokens > 0 or request.status is RequestStatus.WAITING_FOR_REMOTE_KVS
+        skipped[id(self._kv_holding_waiting if holds_blocks else self._waiting)].append(request)
+
+    def _handle_blocked_waiting_request(self, request: Request) -> bool:
+        """False while its asynchronous load is in flight; once it landed, the loaded blocks are cached and the
+        request is waiting (or preempted) again, with its loaded tokens computed (vLLM:
+        ``_update_waiting_for_remote_kv``: a load of the whole sequence still recomputes its last token)."""
+        if request.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return True
+        if request.request_id not in self.finished_recving_kv_req_ids:
+            return False
+        self.finished_recving_kv_req_ids.remove(request.request_id)
+        self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens -= 1
+        self.num_external_computed_tokens += request.num_computed_tokens - request.num_cached_tokens
+        request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        return True
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Blocks the admitted, unfinished prefills still need to hold their full sequences."""
+        kv = self.kv_cache_manager
+        return sum(kv.coordinator.get_num_blocks_to_allocate(r.request_id, r.num_tokens,
+                                                             tuple([] for _ in kv.kv_cache_groups),
+                                                             r.num_computed_tokens, kv.max_admission_blocks)
+                   for r in self._inflight_prefills)
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Recompute: free its blocks, forget its computed tokens, put it at the front of ``waiting``."""
         self.kv_cache_manager.free(request)
+        self._inflight_prefills.discard(request)
         self.num_recomputed_tokens += request.num_computed_tokens
         request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
         request.num_preemptions += 1
@@ -218,21 +321,28 @@ class Scheduler:
         return [r for r in out.num_scheduled_tokens
                 if self.requests[r].num_computed_tokens == self.requests[r].num_tokens]
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict) -> list:
+    def update_from_output(self, out: SchedulerOutput, sampled: dict, kv_connector_output=None) -> list:
         """Append each sampled token; finish requests that hit ``max_tokens`` or a stop token. Returns the
-        request ids finished in this step."""
+        request ids finished in this step. ``kv_connector_output``: what the connector's worker side finished."""
         done = []
         for request_id in self.sampling_request_ids(out):
             request = self.requests[request_id]
             token = sampled[request_id]
             request.output_token_ids.append(token)
             if len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids:
+                if self.connector is not None:  # before the blocks are freed (vLLM: _connector_finished)
+                    self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(request_id))
+                    self.finished_req_ids.add(request_id)
+                self._inflight_prefills.discard(request)
                 self.kv_cache_manager.free(request)
                 self._running.remove(request)
                 request.status = RequestStatus.FINISHED
                 self.finished[request_id] = list(request.output_token_ids)
                 del self.requests[request_id]
                 done.append(request_id)
+        if kv_connector_output is not None:  # vLLM: _update_from_kv_xfer_finished
+            self.connector.update_connector_output(kv_connector_output)
+            self.finished_recving_kv_req_ids |= kv_connector_output.finished_recving
         return done
 
     def finish_ignored(self, request_id) -> None:
