@@ -303,3 +303,29 @@ def test_sliding_window_models_are_refused():
                          layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(PagedKVValueError, match="sliding"):
         LLMEngine(LlamaForCausalLM(config), num_gpu_blocks=8, block_size=4, version="v1", kv_offloading_blocks=4)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("gguf")
+    from pagedkv.model import load_smollm2
+    return load_smollm2()  # one load for the module
+
+
+def test_smollm2_chat_history_comes_back_from_cpu(smollm2):
+    """SmolLM2 in a two-conversation chat, each turn resending the history, in a GPU pool that keeps one
+    conversation: the other's history comes back from the CPU tier, and every answer equals the dense one."""
+    model, tokenizer = smollm2
+    questions = [["Name a planet.", "And a moon of it?", "How far is it?"],
+                 ["Say hi in French.", "And in German?", "And in Spanish?"]]
+    history = [tokenizer.apply_chat_template([{"role": "user", "content": q[0]}]) for q in questions]
+    engine = make_engine(model, num_gpu_blocks=6, block_size=16, kv_offloading_blocks=32)
+    for turn in range(3):
+        for i, prompt in enumerate(history):
+            answer = engine.generate([prompt], 6, ignore_eos=True)[0]
+            assert answer == generate_dense(model, prompt, 6, ignore_eos=True)
+            if turn < 2:
+                follow = "<|im_end|>\n<|im_start|>user\n" + questions[i][turn + 1] + "<|im_end|>\n<|im_start|>assistant\n"
+                history[i] = prompt + answer + tokenizer.encode(follow)
+    assert engine.stats.num_offload_loaded_tokens > 0
+    check_stats_add_up(engine)
