@@ -325,7 +325,26 @@ def test_smollm2_chat_history_comes_back_from_cpu(smollm2):
             answer = engine.generate([prompt], 6, ignore_eos=True)[0]
             assert answer == generate_dense(model, prompt, 6, ignore_eos=True)
             if turn < 2:
-                follow = "<|im_end|>\n<|im_start|>user\n" + questions[i][turn + 1] + "<|im_end|>\n<|im_start|>assistant\n"
+                follow = ("<|im_end|>\n<|im_start|>user\n" + questions[i][turn + 1] +
+                          "<|im_end|>\n<|im_start|>assistant\n")
                 history[i] = prompt + answer + tokenizer.encode(follow)
     assert engine.stats.num_offload_loaded_tokens > 0
     check_stats_add_up(engine)
+
+
+def test_tier_maps_follow_a_conversation_by_name(model):
+    """The text map names each block by content: A's prompt blocks sit in the CPU tier once B pushed them out of the
+    GPU pool, tail first in the tier's eviction order; the drawing reads the same snapshots."""
+    from pagedkv.viz import block_names, draw_tiers, render_tiers
+
+    engine, _, a2 = evicting_pair(model)
+    names = block_names(a2, 4, "A")
+    gpu, cpu = engine.snapshot(), engine.scheduler.connector.snapshot()
+    text = render_tiers(gpu, cpu, names)
+    assert "0:A0 1:A1 2:A2" in text and "CPU blocks, evicted first to last: A2 A1 A0" in text
+    assert "A" not in text.split("CPU tier")[0]  # no block of A is left in the GPU pool
+    assert [c.chunk_id for c in cpu.chunks if names.get(c.block_hash)] == [0, 1, 2]
+    ax = draw_tiers(gpu, cpu, names, highlight=["A0"])
+    assert any(t.get_text() == "A2" for t in ax.texts)
+    with pytest.raises(PagedKVValueError, match="snapshot"):
+        render_tiers(cpu, gpu, names)

@@ -517,6 +517,42 @@ def _agreed_hit_with_a_gap():
     return num_tokens, sliding.count(kv.null_block)
 
 
+# ------------------------------------------------------ KV offloading (the CPU tier)
+def _two_tier_hit(gpu_blocks=(0, 1), cpu_blocks=(0, 2, 3, 4)):
+    """Block size 4, a 20-token prompt P (blocks P0..P4). The GPU pool still caches P0 and P1 (free, named); the CPU
+    tier holds P0, P2, P3 and P4. Replayed on v1's scheduler with the offloading connector: (prompt tokens served by
+    the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens the model computes once the load landed)."""
+    from ..v1 import KVCacheManager, Scheduler
+    from ..v1.kv_connector import KVConnectorOutput, KVConnectorRole, OffloadingConnector
+    from ..v1.kv_connector.offloading.common import OffloadingWorkerMetadata
+    from ..v1.kv_offload.base import ReqContext, make_offload_key
+    from ..v1.scheduler import Request
+
+    prompt = list(range(100, 120))
+    kv = KVCacheManager(4, 16)
+    connector = OffloadingConnector(KVConnectorRole.SCHEDULER, block_size=4, num_cpu_blocks=8)
+    scheduler = Scheduler(kv, connector=connector)
+    earlier = Request("earlier", prompt, max_tokens=1)  # an earlier request left these blocks behind
+    kv.allocate_slots(earlier, 20)
+    hashes = [h for h, _, _ in kv.req_to_hashes["earlier"]]
+    for i, block_id in enumerate(kv.get_block_ids("earlier")):
+        if i not in gpu_blocks:
+            kv.block_pool.prefix_caches[0].evict(block_id)
+    kv.free(earlier)
+    keys = [make_offload_key(hashes[i], 0) for i in cpu_blocks]
+    context = ReqContext("earlier")
+    connector.manager.prepare_store(keys, context)
+    connector.manager.complete_store(keys, context)
+    scheduler.add_request("P", prompt, 4)
+    out = scheduler.schedule()
+    request = scheduler.requests["P"]
+    from_gpu, from_cpu = request.num_cached_tokens, request.num_computed_tokens - request.num_cached_tokens
+    done = OffloadingWorkerMetadata(set(out.kv_connector_metadata.load_jobs))
+    scheduler.update_from_output(out, {}, KVConnectorOutput(set(), {"P"} if from_cpu else set(), done))
+    out = scheduler.schedule()
+    return from_gpu, from_cpu, out.num_scheduled_tokens["P"]
+
+
 EXERCISES: dict[str, Exercise] = {
     "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
                       mistakes=((lambda: _tp4_blocks_per_gpu(tp=1), "that is what one GPU would hold if it kept "
@@ -670,4 +706,16 @@ EXERCISES: dict[str, Exercise] = {
                            "the hit ends after that run, and the full group serves any shorter prefix.",
                       mistakes=((lambda: (24, 4), "that is the full group's hit alone; the sliding group needs the 2 "
                                  "blocks just before the hit point cached, and block 5 is not."),)),
+    "offload-two-tier-hit": Exercise(
+        "(prompt tokens from the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens computed)",
+        expected=_two_tier_hit,
+        hint="the GPU lookup comes first and stops at its first missing block (and at num_tokens - 1); the connector "
+             "is asked only for what comes after that, again as a run with no gap, but up to num_tokens; a request "
+             "whose every prompt token is computed still needs logits for its last one.",
+        mistakes=((lambda: (8, 8, 4), "the CPU tier's hit is not capped at num_tokens - 1: the connector may offer "
+                   "the whole prompt; the scheduler then recomputes just the last token."),
+                  (lambda: (8, 12, 0), "with every prompt token loaded, the model still runs on the last one to get "
+                   "the logits of the first output token."),
+                  (lambda: (8, 0, 12), "the CPU lookup does not start at token 0: it starts after the GPU hit, so the "
+                   "block missing from the CPU tier is one the GPU already serves."))),
 }

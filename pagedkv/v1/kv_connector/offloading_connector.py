@@ -61,6 +61,10 @@ class OffloadingConnector(KVConnectorBase_V1):
     def has_pending_push_work(self) -> bool:
         return self.connector_scheduler.has_pending_push_work()
 
+    def snapshot(self):
+        """The CPU tier as plain data (``pagedkv.state.OffloadState``), for drawing."""
+        return self.manager.snapshot(self.connector_scheduler.block_size)
+
     # ------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: list) -> None:
         self.connector_worker.register_kv_caches(kv_caches)

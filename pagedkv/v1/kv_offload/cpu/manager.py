@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ....state import ChunkState, OffloadState
 from ..base import LookupResult, PrepareStoreOutput
 from .policies import ChunkStatus, LRUCachePolicy
 
@@ -139,3 +140,12 @@ class CPUOffloadingManager:
     def keys(self) -> list:
         """Every stored key, next to be evicted first."""
         return self.policy.order()
+
+    def snapshot(self, block_size: int) -> OffloadState:
+        """The tier as plain data: each chunk's key (the block hash), whether its store completed, its loads and
+        its place in the eviction order."""
+        order = {key: i for i, key in enumerate(self.keys())}
+        chunks = sorted((ChunkState(c.chunk_id, key[0], c.is_ready, max(c.ref_cnt, 0), order[key])
+                         for key, c in self.policy.chunks.items()), key=lambda c: c.chunk_id)
+        return OffloadState(self.num_chunks, block_size, tuple(chunks), self.num_stored_chunks,
+                            self.num_loaded_chunks, self.num_evicted_chunks)
