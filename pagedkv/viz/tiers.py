@@ -45,13 +45,14 @@ def _check(gpu, cpu, names) -> None:
 
 
 def render_tiers(gpu: ManagerState, cpu: OffloadState, names: dict) -> str:
-    """A text map of both tiers: each cell ``id:name`` (``?`` for a block no name covers, ``.`` empty); in the GPU
-    pool ``~`` marks a free block that still holds its cached K/V; in the CPU tier ``*`` a store not yet
-    complete and ``^`` a chunk a load is reading. Then the order in which each tier gives blocks up."""
+    """A text map of both tiers: each cell ``id:name`` (``?`` for a block no name covers, ``.`` empty, ``new`` in
+    use but not named yet: being computed or loaded); in the GPU pool ``~`` marks a free block that still holds its
+    cached K/V; in the CPU tier ``*`` a store not yet complete and ``^`` a chunk a load is reading. Then the order
+    in which each tier gives blocks up."""
     _check(gpu, cpu, names)
     cells = []
     for b in gpu.device_blocks("gpu"):
-        label = names.get(b.block_hash, "?") if b.block_hash else ("?" if not b.is_free else ".")
+        label = names.get(b.block_hash, "?") if b.block_hash else ("new" if not b.is_free else ".")
         cells.append(f"{b.block_id}:{label}{'~' if b.is_free and b.block_hash else ''}")
     lines = [f"GPU pool, {gpu.num_used('gpu')}/{gpu.num_gpu_blocks} blocks in use:", _wrap(cells)]
     by_id = {c.chunk_id: c for c in cpu.chunks}
@@ -129,9 +130,11 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
     if title:
         ax.set_title(title, fontsize=10)
     handles = [Patch(facecolor=colors[o], edgecolor=EDGE, label=f"{o}: in use / stored") for o in owners]
-    handles += [Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale: GPU block free, still cached"),
-                Patch(facecolor="white", edgecolor=EDGE, hatch="///", label="hatched: store not yet complete"),
-                Patch(facecolor="white", edgecolor="#000000", linewidth=2, label="thick: pinned by a load")]
+    handles.append(Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale: GPU block free, still cached"))
+    if any(not c.ready for c in cpu.chunks):
+        handles.append(Patch(facecolor="white", edgecolor=EDGE, hatch="///", label="hatched: store not yet complete"))
+    if any(c.ref_count for c in cpu.chunks):
+        handles.append(Patch(facecolor="white", edgecolor="#000000", linewidth=2, label="thick: pinned by a load"))
     if marked:
         handles.append(Patch(facecolor="white", edgecolor=HIGHLIGHT, linewidth=2, label="red: the blocks asked for"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=7, frameon=False)
