@@ -13,7 +13,7 @@ warnings.filterwarnings("ignore", category=SAWarning, module=r"nbgrader\.api")
 
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = "pagedkv"
-# Seconds per cell. The slowest cell (loading SmolLM2, notebook 11) takes ~10 s on a quiet 2-core machine; one
+# Seconds per cell. The slowest cell (loading SmolLM2, notebook 12) takes ~10 s on a quiet 2-core machine; one
 # busy with other work (load average 12-20) graded 13 times slower, so 120 s was too short (notebooks/README.md).
 c.Execute.timeout = 300
 # Released answer cells say `name = ...  # YOUR CODE HERE` (what `make labs` writes), so Run All gets through a
@@ -23,4 +23,4 @@ hooks = "pagedkv.labs.nbgrader_hooks."
 c.GenerateAssignment.preprocessors = [
     hooks + "StubAnswers" if step is ClearSolutions else step
     for step in GenerateAssignment.class_traits()["preprocessors"].default()
-] + [hooks + "ClearWidgetState"]  # released notebooks carry no widget state (notebook 08 stores its visualizer's)
+] + [hooks + "ClearWidgetState"]  # released notebooks carry no widget state (notebook 07 once stored its visualizer's)

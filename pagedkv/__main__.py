@@ -1,5 +1,5 @@
 """Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | reading [--out course/]
-| visualize``."""
+| map [--out COURSE_MAP.md] | visualize``."""
 
 from __future__ import annotations
 
@@ -136,6 +136,10 @@ def main(argv=None) -> int:
                                                "README.md's course table links")
     read.add_argument("--out", default="course/", help="output folder (default: course/)")
     read.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
+    course_map = commands.add_parser("map", help="write the course map (COURSE_MAP.md) from the notebooks' "
+                                                 "metadata and pagedkv/labs/concepts.py")
+    course_map.add_argument("--out", default="COURSE_MAP.md", help="output file (default: COURSE_MAP.md)")
+    course_map.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
     viz = commands.add_parser("visualize", help="serve the block-table visualizer as a web app (Voila) on 127.0.0.1")
     viz.add_argument("--port", type=tcp_port, default=8866, help="port on 127.0.0.1, 1-65535 (default: 8866)")
     viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
@@ -146,6 +150,11 @@ def main(argv=None) -> int:
         return info()
     if args.command == "labs":
         return labs(args.notebooks, args.out)
+    if args.command == "map":
+        from pagedkv.labs.course_map import write_map
+
+        print(write_map(args.notebooks, args.out))
+        return 0
     if args.command == "reading":
         from pagedkv.labs.generate import generate_reading_copies
 

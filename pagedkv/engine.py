@@ -123,12 +123,15 @@ class LLMEngine:
                  preemption_mode=None, enable_prefix_caching: bool | None = None, watermark: float | None = None,
                  backend: str = "auto", block_manager: BlockSpaceManager | None = None, version: str = "v0",
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
-                 kv_offloading_size: float | None = None, kv_offloading_blocks: int | None = None):
+                 prefix_cache_retention_interval: int | None = 0, kv_offloading_size: float | None = None,
+                 kv_offloading_blocks: int | None = None):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
         ``scheduler_reserve_full_isl``, on as in vLLM, a request is admitted only when its full input
         sequence fits: its prompt, plus the outputs a resumed request already has).
+        ``prefix_cache_retention_interval`` (v1, vLLM's default 0): which blocks a sliding-window group names in the
+        prefix cache (``pagedkv.v1.KVCacheManager``; None names every full block).
         ``block_manager`` (v0): run on an existing manager of the same sizes (the visualizer draws the engine's
         sequences beside hand-made ones); by default the engine makes its own.
         ``kv_offloading_size`` (GiB, vLLM 0.33's ``--kv-offloading-size``) or ``kv_offloading_blocks`` (v1): a CPU
@@ -156,7 +159,8 @@ class LLMEngine:
             num_offload_blocks = _num_offload_blocks(kv_offloading_size, kv_offloading_blocks, self.kv_cache_groups)
             caching = True if enable_prefix_caching is None else enable_prefix_caching
             self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks, caching,
-                                                   self.kv_cache_groups, max_num_batched_tokens)
+                                                   self.kv_cache_groups, max_num_batched_tokens,
+                                                   prefix_cache_retention_interval)
             connector = OffloadingConnector(KVConnectorRole.SCHEDULER, block_size, num_offload_blocks,
                                             enable_prefix_caching=caching) if num_offload_blocks else None
             self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
@@ -169,6 +173,10 @@ class LLMEngine:
                 raise PagedKVValueError(f"scheduler_reserve_full_isl={scheduler_reserve_full_isl!r}: the v0 "
                                         "scheduler always admits a whole prompt; the setting is the v1 scheduler's "
                                         "(pass version='v1', with True or False).")
+            if prefix_cache_retention_interval is None or prefix_cache_retention_interval != 0:
+                raise PagedKVValueError(f"prefix_cache_retention_interval={prefix_cache_retention_interval!r}: the "
+                                        "v0 engine keeps every block of every layer, so it names every full block; "
+                                        "the setting is the v1 manager's (pass version='v1').")
             if block_manager is None:
                 block_manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
                                                   0.01 if watermark is None else watermark,

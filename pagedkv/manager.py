@@ -261,7 +261,7 @@ class BlockSpaceManager:
     def free(self, seq_id, tail_first: bool = True) -> None:
         """Release the sequence's blocks tail first, so shared prefixes stay cached longest (vLLM 0.33's
         ``SingleTypeKVCacheManager.free`` frees in reverse order too). ``tail_first=False`` frees them head first,
-        the wrong order, kept so notebook 05 can show what it costs."""
+        the wrong order, kept so notebook 04 can show what it costs."""
         seq = self._get(seq_id)
         allocator = self.allocators[seq.device]
         named = self.prefix_cache.block_to_hash if self.prefix_cache and seq.device == "gpu" else {}

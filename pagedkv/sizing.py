@@ -35,6 +35,9 @@ GiB = 1024**3
 LAYER_TYPES = ("full_attention", "sliding_attention")  # Hugging Face's names
 
 
+MAX_NUM_LAYERS = 100_000
+
+
 def _check_positive_int(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise PagedKVValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -76,6 +79,9 @@ class ModelSpec:
     def __post_init__(self):
         for field in ("num_layers", "num_heads", "num_kv_heads", "head_size"):
             _check_positive_int(field, getattr(self, field))
+        if self.num_layers > MAX_NUM_LAYERS:  # one layer type is kept per layer: 10**30 of them cannot be
+            raise PagedKVValueError(f"num_layers must be at most {MAX_NUM_LAYERS:,} (real models have a few hundred "
+                                    f"at most; a spec keeps one layer type per layer), got {self.num_layers}.")
         if self.num_heads % self.num_kv_heads:
             raise PagedKVValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "

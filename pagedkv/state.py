@@ -52,6 +52,16 @@ class ManagerState:
         free = [b for b in self.device_blocks(device) if b.is_free]
         return [b.block_id for b in sorted(free, key=lambda b: b.free_position)]
 
+    def sliding_blocks(self, named: bool) -> set:
+        """Hybrid v1: the real blocks in sliding-window tables that hold a prefix-cache name (``named``) or none.
+        A named one can serve a later request's hit; an unnamed one cannot, so when freed it goes to the head of
+        the free queue (under vLLM 0.33's default retention most of a sliding group's blocks; a block still
+        filling is unnamed in every mode)."""
+        hashes = {b.block_id: b.block_hash for b in self.device_blocks("gpu")}
+        return {block_id for tables in self.group_tables.values()
+                for name, table in zip(self.group_names, tables) if name.startswith("sliding")
+                for block_id in table if block_id != self.null_block and bool(hashes.get(block_id)) == named}
+
     def num_used(self, device: str = "gpu") -> int:
         """Blocks holding tokens (the null block is reserved, not used)."""
         null = self.null_block if device == "gpu" else None
@@ -117,16 +127,21 @@ def render_state(state: ManagerState) -> str:
     lines.append(f"  free GPU queue (next first): {shown or '(empty)'}{more}")
     if cached_free:
         lines.append("  (* = still holds a cached prefix block; evicted when handed out)")
+    named = state.sliding_blocks(named=True) if state.prefix_caching else set()
     for seq_id, table in state.tables.items():
         device = state.seq_devices[seq_id]
         if seq_id in state.group_tables:  # hybrid v1: one table per KV cache group
             lines.append(f"  seq {seq_name(seq_id)} on {device}: {state.seq_lens.get(seq_id, '?')} tokens")
             width = max(len(name) for name in state.group_names)
             for name, group_table in zip(state.group_names, state.group_tables[seq_id]):
-                shown = ", ".join("null" if b == state.null_block else str(b) for b in group_table)
+                shown = ", ".join("null" if b == state.null_block else f"{b}*" if b in named and
+                                  name.startswith("sliding") else str(b) for b in group_table)
                 lines.append(f"    {name:<{width}} -> [{shown}]")
             continue
         lines.append(f"  seq {seq_name(seq_id)} on {device}: {state.seq_lens.get(seq_id, '?')} tokens -> {table}")
+    if state.group_tables and state.prefix_caching and any(n.startswith("sliding") for n in state.group_names):
+        lines.append("  (sliding tables: * = named, a later request can hit it; unmarked = unnamed, freed to the "
+                     "head of the free queue)")
     if state.prefix_stats is not None:
         s = state.prefix_stats
         lines.append(f"  prefix cache: {s['hits']} hits, {s['misses']} misses, "

@@ -66,7 +66,7 @@ class ChatTokenizer:
 
         ``messages``: a list of ``{"role": "system" | "user" | "assistant", "content": str}``. SmolLM2's
         template adds a default system prompt when the first message is not one: the same prefix for every
-        conversation, which the prefix cache serves (notebook 10).
+        conversation, which the prefix cache serves (notebook 12).
         """
         return self.encode(self.render_chat(messages, add_generation_prompt))
 

@@ -107,6 +107,7 @@ V, K = ValueError, KeyError
 CASES = [
     # sizing
     ("ModelSpec bool layers", None, lambda _: ModelSpec("x", True, 1, 1, 1), V, "num_layers"),
+    ("ModelSpec 10**30 layers", None, lambda _: ModelSpec("x", 10**30, 1, 1, 1), V, "num_layers"),
     ("ModelSpec heads do not divide", None, lambda _: ModelSpec("x", 1, 3, 2, 8), V, "multiple of num_kv_heads"),
     ("ModelSpec unknown dtype", None, lambda _: ModelSpec("x", 1, 1, 1, 1, dtype="int4"), V, "unknown dtype"),
     ("ModelSpec negative num_params", None, lambda _: ModelSpec("x", 1, 1, 1, 1, num_params=-1), V, "num_params"),

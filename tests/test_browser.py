@@ -17,14 +17,14 @@ import pytest
 
 from browser_helpers import CHROMIUM, chromium_page, free_port, stop, wait_for_server
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_block_table_visualizer.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "07_block_table_visualizer.ipynb"
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
 def jupyterlab(tmp_path):
-    """A JupyterLab serving a copy of notebook 08 from tmp_path; yields (base_url, token)."""
+    """A JupyterLab serving a copy of notebook 07 from tmp_path; yields (base_url, token)."""
     shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
     port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PAGEDKV_QUIET": "1"}

@@ -184,7 +184,7 @@ def test_hit_rules_for_both_groups(window, sliding_cached, expected):
     specs = [SlidingWindowSpec(BS, 2, 32, sliding_window=window), FullAttentionSpec(BS, 2, 32)]
     kv = KVCacheManager(BS, 64, True, get_kv_cache_groups(specs))
     request = Request("r", list(range(25)), max_tokens=1)  # 6 full blocks before the last token
-    hashes = kv._block_hashes(request, 24)
+    hashes = kv.block_hashes(request, 24)
     sliding_blocks = cached(kv, hashes, 0, sliding_cached)
     full_blocks = cached(kv, hashes, 1, set(range(6)))
     (sliding, full), num_tokens = kv.get_computed_blocks(request)
@@ -204,7 +204,7 @@ def test_longest_hit_every_group_can_serve_matches_brute_force():
         specs = [SlidingWindowSpec(BS, 1, 2, sliding_window=window), FullAttentionSpec(BS, 1, 2)]
         kv = KVCacheManager(BS, 64, True, get_kv_cache_groups(specs))
         request = Request(trial, list(range(rng.randint(2, 40))), max_tokens=1)
-        hashes = kv._block_hashes(request, request.num_tokens - 1)
+        hashes = kv.block_hashes(request, request.num_tokens - 1)
         in_sliding = {i for i in range(len(hashes)) if rng.random() < 0.7}
         in_full = set(range(rng.randint(0, len(hashes))))
         cached(kv, hashes, 0, in_sliding)
@@ -215,6 +215,129 @@ def test_longest_hit_every_group_can_serve_matches_brute_force():
         best = max(n for n in range(len(hashes) + 1)
                    if set(range(n)) <= in_full and set(range(max(0, n - needed), n)) <= in_sliding)
         assert kv.get_computed_blocks(request)[1] == best * BS, (trial, window, in_sliding, in_full)
+
+
+# ------------------------------------------------------------------ retention: what a sliding group names
+# Issue #48, both cases as vLLM 0.33.0's own Scheduler and KVCacheManager step them (steps counted from 0).
+from pagedkv.v1 import Scheduler  # noqa: E402
+from pagedkv.v1.kv_cache_coordinator import KVCacheCoordinator  # noqa: E402
+from pagedkv.v1.single_type_kv_cache_manager import SingleTypeKVCacheManager, SlidingWindowManager  # noqa: E402
+
+
+def sliding_only(window, num_gpu_blocks, retention):
+    groups = get_kv_cache_groups([SlidingWindowSpec(1, 1, 2, sliding_window=window)])
+    kv = KVCacheManager(1, num_gpu_blocks, True, groups, prefix_cache_retention_interval=retention)
+    return Scheduler(kv, max_num_batched_tokens=1)
+
+
+def tables_per_step(scheduler, request_id, prompt, max_tokens):
+    """The request's table after each step's ``schedule()`` (None for the null block)."""
+    scheduler.add_request(request_id, prompt, max_tokens)
+    kv, tables = scheduler.kv_cache_manager, []
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        tables.append([None if b == kv.null_block else b for b in kv.get_block_ids(request_id)])
+        scheduler.update_from_output(out, {r: 7 for r in scheduler.sampling_request_ids(out)})
+    return tables
+
+
+@pytest.mark.parametrize("retention, step_2", [
+    (0, [None, 2, 1]),  # vLLM 0.33's default: block 1 was never named, went to the head, is reused at once
+    (None, [None, 2, 3]),  # dense: block 1 is named, waits at the tail; the head is block 3
+])
+def test_sparse_retention_reuses_an_unnamed_block_at_once(retention, step_2):
+    """Case S: window 2, block size 1, 3 usable blocks, prompt [554, 898, 212], one output token, 1 token a step.
+    Under 0 only the block before the replay boundary (token 2) is named: block 2, not block 1."""
+    scheduler = sliding_only(2, 4, retention)
+    assert tables_per_step(scheduler, "r", [554, 898, 212], 1) == [[1], [1, 2], step_2]
+    assert scheduler.prefix_cache_retention_interval == retention
+
+
+@pytest.mark.parametrize("retention", [None, 0])
+def test_a_window_of_one_never_caches(retention, monkeypatch):
+    """Case W: window 1, block size 1, 2 usable blocks, prompt [291], two output tokens: a hit would need no
+    block, so vLLM names none and block 1 comes straight back. With the rule off (every block named) it is 2."""
+    assert tables_per_step(sliding_only(1, 3, retention), "r", [291], 2) == [[1], [None, 1]]
+    again = sliding_only(1, 8, retention)
+    tables_per_step(again, "a", [5, 6, 7, 8], 1)
+    again.add_request("b", [5, 6, 7, 8], 1)
+    again.schedule()
+    assert again.requests["b"].num_cached_tokens == 0  # never a hit either
+    monkeypatch.setattr(SlidingWindowManager, "reachable_block_mask", SingleTypeKVCacheManager.reachable_block_mask)
+    assert tables_per_step(sliding_only(1, 3, retention), "r", [291], 2) == [[1], [None, 2]]
+
+
+def three_requests(retention):
+    """Notebook 12 section 5: block size 4, window 8 beside a full group; A, B, C share a 24-token prefix and
+    arrive one after another. For each: (hit tokens, junction, which of the prefix's 6 sliding blocks are named)."""
+    specs = [SlidingWindowSpec(BS, 1, 2, sliding_window=WINDOW), FullAttentionSpec(BS, 1, 2)]
+    kv = KVCacheManager(BS, 40, True, get_kv_cache_groups(specs), prefix_cache_retention_interval=retention)
+    scheduler, prefix, seen = Scheduler(kv), list(range(100, 124)), []
+    for request_id, prompt, max_tokens in (("A", prefix + list(range(15)), 6), ("B", prefix + [50, 51, 52, 53, 54], 1),
+                                           ("C", prefix + [60, 61], 1)):
+        scheduler.add_request(request_id, prompt, max_tokens)
+        request = scheduler.requests[request_id]
+        while scheduler.has_unfinished_requests():
+            out = scheduler.schedule()
+            scheduler.update_from_output(out, {r: 7 for r in scheduler.sampling_request_ids(out)})
+        named = "".join("#" if kv.block_pool.get_cached_block(h, [0]) else "." for h in kv.block_hashes(request, 24))
+        seen.append((request.num_cached_tokens, request.shared_prefix_boundary, named))
+    return seen
+
+
+@pytest.mark.parametrize("retention, expected", [
+    (0, [(0, 0, "......"), (0, 24, "....##"), (24, 0, "....##")]),  # 0.33: B pins the junction that C hits
+    (None, [(0, 0, "######"), (24, 0, "######"), (24, 0, "######")]),  # dense: B and C both hit
+])
+def test_the_second_request_pins_the_junction_the_third_hits(retention, expected):
+    """A names only blocks 7, 8 (before its replay boundary, 36), so B's full group hits 24 tokens but its sliding
+    group none: the groups agree on 0, and 24 becomes B's junction, whose two blocks (4, 5) B names for C. B's own
+    replay boundary (28) names blocks 5, 6: not enough for C without the junction."""
+    assert three_requests(retention) == expected
+
+
+def test_without_the_junction_nobody_hits(monkeypatch):
+    """The junction switched off (no one-group hit is remembered): C gets nothing either."""
+    find = KVCacheCoordinator.find_longest_cache_hit
+    monkeypatch.setattr(KVCacheCoordinator, "find_longest_cache_hit", lambda *a: find(*a)[:2] + (0,))
+    assert three_requests(0) == [(0, 0, "......"), (0, 0, ".....#"), (0, 0, "....##")]  # C names its own
+
+
+def test_periodic_checkpoints_name_a_run_before_every_multiple():
+    """A positive interval (here 16 tokens, 4 blocks) names the 2 blocks before each multiple of it too."""
+    specs = [SlidingWindowSpec(BS, 1, 2, sliding_window=WINDOW), FullAttentionSpec(BS, 1, 2)]
+    for retention, named in ((16, "..##..##..##"), (0, "..........##"), (None, "############")):
+        kv = KVCacheManager(BS, 40, True, get_kv_cache_groups(specs), prefix_cache_retention_interval=retention)
+        request = Request("r", list(range(49)), max_tokens=1)  # replay boundary 48: blocks 10, 11
+        kv.get_computed_blocks(request)
+        kv.allocate_slots(request, 49)
+        assert "".join("#" if kv.block_pool.get_cached_block(h, [0]) else "." for h in kv.block_hashes(request, 48)) \
+            == named, retention
+        full_named = [kv.block_pool.get_cached_block(h, [1]) is not None for h in kv.block_hashes(request, 48)]
+        assert all(full_named)  # full attention names every full block, whatever the setting
+
+
+def test_engine_defaults_to_vllms_retention(hybrid, tiny):
+    engine = LLMEngine(hybrid, num_gpu_blocks=40, block_size=BS, version="v1")
+    assert engine.kv_cache_manager.prefix_cache_retention_interval == 0
+    assert engine.scheduler.prefix_cache_retention_interval == 0
+    dense = LLMEngine(hybrid, num_gpu_blocks=40, block_size=BS, version="v1", prefix_cache_retention_interval=None)
+    assert dense.scheduler.prefix_cache_retention_interval is None
+
+
+@pytest.mark.parametrize("value", [-4, 6, 4.0, True, "0"])
+def test_bad_retention_interval_names_the_field(value):
+    specs = [SlidingWindowSpec(BS, 1, 2, sliding_window=WINDOW), FullAttentionSpec(BS, 1, 2)]
+    with pytest.raises(PagedKVError, match="prefix_cache_retention_interval"):
+        KVCacheManager(BS, 16, True, get_kv_cache_groups(specs), prefix_cache_retention_interval=value)
+
+
+def test_retention_needs_a_sliding_group_and_v1(hybrid, tiny):
+    with pytest.raises(PagedKVError, match="no sliding-window group"):
+        KVCacheManager(BS, 16, prefix_cache_retention_interval=8)
+    assert KVCacheManager(BS, 16, prefix_cache_retention_interval=None).prefix_cache_retention_interval is None
+    with pytest.raises(PagedKVError, match="prefix_cache_retention_interval"):
+        LLMEngine(hybrid, num_gpu_blocks=40, block_size=BS, prefix_cache_retention_interval=None)  # v0
 
 
 def test_one_full_group_reserves_no_null_block():
@@ -261,7 +384,8 @@ PROMPTS = ["The list of ", "The list of items in a dict", "A function that retur
 
 @pytest.mark.parametrize("case, settings", [
     ("roomy", dict(num_gpu_blocks=64)),
-    ("tight", dict(num_gpu_blocks=18)),
+    ("tight", dict(num_gpu_blocks=20)),
+    ("tight", dict(num_gpu_blocks=18, prefix_cache_retention_interval=None)),
     ("chunked", dict(num_gpu_blocks=64, max_num_batched_tokens=8, long_prefill_token_threshold=5)),
     ("no prefix caching", dict(num_gpu_blocks=18, enable_prefix_caching=False)),
 ])

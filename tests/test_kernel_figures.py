@@ -1,4 +1,4 @@
-"""Notebook 07's pictures: what they say is the kernels' own arithmetic, and the static estimates are fresh."""
+"""Notebook 08's and 11's pictures: what they say is the kernels' own arithmetic, and the static estimates are fresh."""
 
 import json
 import subprocess

@@ -30,7 +30,7 @@ def labs(tmp_path_factory):
 
 
 def test_every_notebook_gets_a_lab_without_outputs_and_with_todos(labs):
-    assert [p.name for p in labs] == [p.name for p in SOLUTIONS] and len(labs) == 12
+    assert [p.name for p in labs] == [p.name for p in SOLUTIONS] and len(labs) == 13
     for path in labs:
         text = path.read_text()
         assert "TODO" in text and "BEGIN SOLUTION" not in text, path.name
@@ -80,23 +80,23 @@ def test_checks_print_and_never_raise(capsys):
     check.report("x", 2, 3, "hint here")
     check.report("x", "3", 3)
     check.report("x", 3.0001, 3, tolerance=1e-3)
-    check.exercise("07.E1", lambda lane, bs, n: 1 / 0)
-    check.exercise("07.E1", lambda lane, bs, n: ([0], [0]))
-    check.exercise("07.E1", 42)
+    check.exercise("lane-work", lambda lane, bs, n: 1 / 0)
+    check.exercise("lane-work", lambda lane, bs, n: ([0], [0]))
+    check.exercise("lane-work", 42)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[not yet] x: no answer yet")
     assert out[1] == "[not yet] x: 2 is not it yet: the answer is not right. Hint: hint here"
     assert out[2] == "[not yet] x: '3' is not it yet: the answer should be a number, not a str."
     assert out[3].startswith("[ok]")
-    assert "raised ZeroDivisionError" in out[4] and "check.reveal('07.E1')" in out[4]
-    assert out[5].startswith("[not yet] 07.E1 lane_work(0, 16, 16) returned ([0], [0]): ")
-    assert out[6] == "[not yet] 07.E1 lane_work: expected a function, got a int."
+    assert "raised ZeroDivisionError" in out[4] and "check.reveal('lane-work')" in out[4]
+    assert out[5].startswith("[not yet] E1 lane_work(0, 16, 16) returned ([0], [0]): ")
+    assert out[6] == "[not yet] E1 lane_work: expected a function, got a int."
 
 
 @pytest.mark.parametrize("answer", [(560, 1520), [560, 1520], np.array([560, 1520]), torch.tensor([560, 1520]),
                                     (np.int64(560), 1520.0)])
 def test_values_are_compared_not_types(answer, capsys):
-    assert check.exercise("02.E3", answer)
+    assert check.exercise("watermark-longest-prompts", answer)
     out = capsys.readouterr().out
     assert out.startswith("[ok]")
     assert ("the values are what count" in out) == (not isinstance(answer, tuple))
@@ -113,11 +113,11 @@ def test_a_failed_check_never_shows_the_answer(capsys):
         assert not check.exercise(key, wrong)
         out = capsys.readouterr().out
         assert out.startswith("[not yet]") and repr(expected) not in out, key
-    assert not check.exercise("02.E3", (560, 1600))
+    assert not check.exercise("watermark-longest-prompts", (560, 1600))
     assert "value 2 is not right" in capsys.readouterr().out  # which value, never which way
-    assert not check.exercise("02.E3", [560])
+    assert not check.exercise("watermark-longest-prompts", [560])
     assert "has 1 values, not the number wanted" in capsys.readouterr().out
-    assert not check.exercise("02.E2", ([4, 1, 0], 1))  # a table and a slot: two parts (issue #38 wording)
+    assert not check.exercise("table-after-a-free", ([4, 1, 0], 1))  # a table and a slot: two parts (issue #38 wording)
     assert "of part 1 is not right" in capsys.readouterr().out
 
 
@@ -146,9 +146,9 @@ def test_every_known_mistake_is_wrong_and_named_without_the_answer(capsys):
 
 
 def test_reveal_shows_the_answer_on_request(capsys):
-    check.reveal("05.E2")
-    assert "05.E2 the new request's blocks: [0, 3]" in capsys.readouterr().out
-    check.reveal("07.E1")
+    check.reveal("returning-prefix-table")
+    assert "E2 the new request's blocks: [0, 3]" in capsys.readouterr().out
+    check.reveal("lane-work")
     assert "def lane_work" in capsys.readouterr().out
 
 
@@ -156,26 +156,26 @@ def test_grading_mode_raises_the_same_message(capsys):
     check.grading()
     try:
         with pytest.raises(AssertionError, match="no answer yet"):
-            check.exercise("02.E1", ...)
-        with pytest.raises(AssertionError, match="02.E1 next block: 0 is not it yet"):
-            check.exercise("02.E1", 0)
+            check.exercise("next-block-after-frees", ...)
+        with pytest.raises(AssertionError, match="E1 next block: 0 is not it yet"):
+            check.exercise("next-block-after-frees", 0)
         with pytest.raises(AssertionError, match="no answer yet - write the function's body"):
-            check.exercise("07.E1", lambda *args: exec("raise NotImplementedError"))
-        assert check.exercise("02.E1", 4)
+            check.exercise("lane-work", lambda *args: exec("raise NotImplementedError"))
+        assert check.exercise("next-block-after-frees", 4)
     finally:
         check.grading(False)
-    assert capsys.readouterr().out.startswith("[ok] 02.E1")
+    assert capsys.readouterr().out.startswith("[ok] E1 next block")
 
 
 @pytest.mark.parametrize("execution", ["autograde", "validate"])
 def test_grading_is_on_by_itself_under_nbgrader(monkeypatch, capsys, execution):
     """nbgrader sets NBGRADER_EXECUTION for the kernels it runs: no hidden line needed to grade."""
     monkeypatch.setenv("NBGRADER_EXECUTION", execution)
-    with pytest.raises(AssertionError, match="02.E1 next block: 0 is not it yet"):
-        check.exercise("02.E1", 0)
+    with pytest.raises(AssertionError, match="E1 next block: 0 is not it yet"):
+        check.exercise("next-block-after-frees", 0)
     monkeypatch.delenv("NBGRADER_EXECUTION")
-    assert not check.exercise("02.E1", 0)  # a student's notebook: a message, no exception
-    assert "[not yet] 02.E1" in capsys.readouterr().out
+    assert not check.exercise("next-block-after-frees", 0)  # a student's notebook: a message, no exception
+    assert "[not yet] E1 next block" in capsys.readouterr().out
 
 
 def test_every_exercise_solution_passes_its_own_check(capsys):
@@ -211,10 +211,10 @@ def test_the_labs_command_never_overwrites_solutions_or_a_students_work(tmp_path
     assert main(["labs", "--notebooks", str(NOTEBOOKS), "--out", str(out)]) == 2
 
 
-@pytest.mark.parametrize("key", ["1.E3", "01.E9", None])
+@pytest.mark.parametrize("key", ["01.E1", "next-block", None])
 def test_an_unknown_exercise_key_lists_the_keys(key):
     for call in (lambda: check.exercise(key, 1), lambda: check.reveal(key)):
-        with pytest.raises(KeyError, match=r"no exercise .*: 01\.E1, 01\.E2"):
+        with pytest.raises(KeyError, match=r"no exercise .*: tp4-blocks-per-gpu, tp16-kv-heads"):
             call()
 
 
@@ -234,11 +234,11 @@ def test_a_failed_check_while_grading_shows_only_its_message():
     check.grading()
     try:
         with pytest.raises(CheckFailed) as failure:
-            check.exercise("02.E1", 0)
+            check.exercise("next-block-after-frees", 0)
     finally:
         check.grading(False)
     assert failure.value._render_traceback_() == [f"AssertionError: {failure.value}"]
-    assert str(failure.value).startswith("[not yet] 02.E1")
+    assert str(failure.value).startswith("[not yet] E1 next block")
 
 
 def test_the_sanitize_file_drops_the_simulator_notice():

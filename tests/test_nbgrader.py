@@ -31,17 +31,18 @@ VENV = Path(sys.prefix)  # the environment these tests run in: make's VENV, alre
 # One plausible mistake per notebook: (the solution line, the wrong line).
 WRONG = {
     "01": ("(16 * 2 * 80 * (8 // 4) * 128 * 2)", "(16 * 2 * 80 * 8 * 128 * 2)"),  # forgot tensor parallelism
-    "02": ("next_block = 4", "next_block = 0"),  # vLLM v0's last-freed-first order
-    "03": ("e1_copies = [(1, 2)]", "e1_copies = [(1, 2), (1, 3)]"),  # a copy for the fresh block too
-    "04": ("e2 = (1, 5)", "e2 = (3, 5)"),  # pruning frees every block of the beam
-    "05": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
-    "06": ("e2_never = 1 - (513 + 1024) / 2 / 1024", "e2_never = (1024 - 513) / 1024"),  # the worst case
-    "07": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
-    "08": ("e2 = (7, 4)", "e2 = (7, 7)"),  # forgot that forks share the partly filled block too
+    "02": ("e2_never = 1 - (513 + 1024) / 2 / 1024", "e2_never = (1024 - 513) / 1024"),  # the worst case
+    "03": ("next_block = 4", "next_block = 0"),  # vLLM v0's last-freed-first order
+    "04": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
+    "05": ("e1_copies = [(1, 2)]", "e1_copies = [(1, 2), (1, 3)]"),  # a copy for the fresh block too
+    "06": ("e2 = (1, 5)", "e2 = (3, 5)"),  # pruning frees every block of the beam
+    "07": ("e1 = (7, 4)", "e1 = (19, 5)"),  # copied a block nobody else holds any more
+    "08": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
     "09": ('e1_victim = "q2"', 'e1_victim = "q4"'),  # the oldest instead of the newest
-    "10": ("e2_peak_blocks = 6", "e2_peak_blocks = 7"),  # the last sampled token's K/V is never written
-    "11": ("e1_step = 9", "e1_step = 8"),  # forgot that A's last chunk comes before B's turn
-    "12": ("e1 = (248, 65)", "e1 = (249, 64)"),  # nulled the block that holds the window's first position
+    "10": ("e1_step = 9", "e1_step = 8"),  # forgot that A's last chunk comes before B's turn
+    "11": ("e2 = ([0, 1, 2, 3, 7], 24 + 114)", "e2 = ([1, 1, 1, 4], 24 + 114)"),  # rows per sequence, not their sum
+    "12": ("e2_peak_blocks = 6", "e2_peak_blocks = 7"),  # the last sampled token's K/V is never written
+    "13": ("e1 = (248, 65)", "e1 = (249, 64)"),  # nulled the block that holds the window's first position
 }
 
 
@@ -213,17 +214,17 @@ def test_released_answer_cells_are_the_labs_stubs(graded):
 
 def test_run_all_on_a_released_blank_notebook_goes_through(graded):
     """A student's Run All on a released notebook (no nbgrader, so checks print): no cell fails, every check
-    says there is no answer yet. Notebook 07: two exercises whose answers are a function's body, and a value."""
+    says there is no answer yet. Notebook 08: two exercises whose answers are a function's body."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
     course, _, _ = graded
-    path = next((course / "release" / ASSIGNMENT).glob("07_*.ipynb"))
+    path = next((course / "release" / ASSIGNMENT).glob("08_*.ipynb"))
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()  # raises if any cell fails
     checks = [c for c in notebook.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    assert len(checks) == 3
+    assert len(checks) == 2
     for cell in checks:
         assert "[not yet]" in outputs_text(cell) and "no answer yet" in outputs_text(cell), outputs_text(cell)
 

@@ -39,7 +39,7 @@ def test_check_cells_say_where_pagedkv_must_be(path):
 
 
 def test_only_the_displayed_widgets_keep_state():
-    """Widget state is stored only for widgets a cell displays (notebook 08 once held 385 models for one)."""
+    """Widget state is stored only for widgets a cell displays (notebook 07 once held 385 models for one)."""
     for path in NOTEBOOKS:
         notebook = json.loads(path.read_text())
         state = notebook["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})

@@ -164,7 +164,7 @@ def test_unnamed_blocks_can_go_to_the_front_of_the_free_queue():
 
 
 def test_freeing_head_first_loses_the_prefix_tail_first_keeps():
-    """The order of free() decides which names an unrelated request evicts (notebook 05, section 5)."""
+    """The order of free() decides which names an unrelated request evicts (notebook 04, section 5)."""
     cached = {}
     for tail_first in (True, False):
         manager = BlockSpaceManager(block_size=4, num_gpu_blocks=6, watermark=0.0, enable_prefix_caching=True)

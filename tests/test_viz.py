@@ -332,3 +332,42 @@ def test_the_widgets_set_their_drawings_as_output_state_and_never_capture(monkey
         assert plt.get_fignums() == []  # closed: the notebook shows no second copy under the cell
     widget.step()
     assert widget.output.outputs[0]["data"]["image/png"] != output["data"]["image/png"]
+
+
+def hybrid_snapshot(retention):
+    """Notebook 12 section 3's request (window 8, block size 4, a 14-token prompt) after 20 tokens."""
+    from pagedkv.v1 import FullAttentionSpec, KVCacheManager, Request, SlidingWindowSpec, get_kv_cache_groups
+
+    specs = [SlidingWindowSpec(4, 1, 2, sliding_window=8), FullAttentionSpec(4, 1, 2)]
+    kv = KVCacheManager(4, 24, True, get_kv_cache_groups(specs), prefix_cache_retention_interval=retention)
+    request = Request("A", list(range(14)), max_tokens=8)
+    kv.allocate_slots(request, 14)
+    request.num_computed_tokens = 14
+    for token in range(6):
+        request.output_token_ids.append(token)
+        kv.allocate_slots(request, 1)
+        request.num_computed_tokens += 1
+    return kv.snapshot()
+
+
+@pytest.mark.parametrize("retention, sliding_row, hatched", [
+    # 0.33: only entries 1, 2 (blocks 2, 3, before the replay boundary 12) were named; they left the window for the
+    # free queue's tail, while entry 0 (block 1), unnamed, went to its head and came back as entry 4
+    (0, "[null, null, null, 4, 1]", {1, 4}),
+    (None, "[null, null, null, 4*, 9*]", set()),  # dense: every full block named
+])
+def test_named_and_unnamed_sliding_blocks_are_told_apart(retention, sliding_row, hatched):
+    state = hybrid_snapshot(retention)
+    assert state.sliding_blocks(named=False) == hatched
+    text = str(state)
+    assert f"sliding 8 -> {sliding_row}" in text and "* = named" in text
+    assert "*" not in text.split("full      -> ")[1].split("\n")[0]  # full attention: no marks
+    ax = draw_block_map(state, key=True)
+    legend = [t.get_text() for t in ax.figure.legends[0].get_texts()]
+    assert any(label.startswith("hatched: a sliding block with no hash") for label in legend) == bool(hatched)
+    if hatched:
+        assert len(collection(ax, "unnamed").get_paths()) == 2 * len(hatched)  # pool cell and table entry
+
+
+def test_a_map_without_caching_or_sliding_groups_hatches_nothing():
+    assert not any(c.get_gid() == "unnamed" for c in draw_block_map(BlockSpaceManager(4, 8).snapshot()).collections)

@@ -342,7 +342,7 @@ def main(argv=None) -> int:
                         help="unified: cuda_unified.py's kernel, a prefill tile and a decode tile (fp16)")
     parser.add_argument("--gqa", nargs="+", type=int, default=[1, 4],
                         help="query heads per KV head (1 is multi-head attention)")
-    parser.add_argument("--json", help="also write the rows to this file (notebook 07's roofline reads "
+    parser.add_argument("--json", help="also write the rows to this file (notebook 08's roofline reads "
                                        "pagedkv/data/static_estimates.json)")
     args = parser.parse_args(argv)
     from .ptx import report_missing_toolkit

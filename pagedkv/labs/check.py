@@ -1,6 +1,6 @@
 """Answer checks for the exercises: say what is wrong, never crash, never give the answer away.
 
-Every exercise has a key such as ``"02.E1"``.  Its expected answer is not
+Every exercise has an id, a slug such as ``"next-block-after-frees"``.  Its expected answer is not
 written in the notebook: ``exercises.py`` computes it by running the package
 itself (the allocator, the scheduler, the kernel's own index arithmetic), and
 ``check.exercise(key, answer)`` compares.  A failed check says *which part* is
@@ -31,7 +31,7 @@ from enum import Enum
 from numbers import Number
 
 from ..errors import PagedKVKeyError
-from .exercises import EXERCISES
+from .exercises import EXERCISES, label
 
 PASS, FAIL = "[ok]", "[not yet]"
 _grading = os.environ.get("PAGEDKV_GRADING") == "1"
@@ -166,8 +166,8 @@ def _exercise(key: str):
     try:
         return EXERCISES[key]
     except (KeyError, TypeError):
-        raise PagedKVKeyError(f"there is no exercise {key!r}; the keys look like '02.E1' (notebook, dot, "
-                              f"exercise): {', '.join(sorted(EXERCISES))}.") from None
+        raise PagedKVKeyError(f"there is no exercise {key!r}; an exercise id is the slug its check cell names, "
+                              f"one of: {', '.join(EXERCISES)}.") from None
 
 
 class Checked:
@@ -188,9 +188,10 @@ class Checked:
 
 
 def exercise(key: str, *answers) -> Checked:
-    """Check the answer(s) to exercise ``key`` (e.g. ``"02.E1"``); several answers are checked as one tuple."""
+    """Check the answer(s) to exercise ``key`` (e.g. ``"next-block-after-frees"``); several answers are checked as
+    one tuple. Messages name the exercise as the notebook does ("E1 next block")."""
     ex = _exercise(key)
-    title = f"{key} {ex.title}"
+    title = f"{label(key)} {ex.title}"
     if ex.cases:
         return Checked(function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key))
     answer = answers[0] if len(answers) == 1 else tuple(answers)
@@ -202,6 +203,6 @@ def reveal(key: str) -> None:
     """Print the answer to exercise ``key``: try first, then ask."""
     ex = _exercise(key)
     if ex.cases:
-        print(f"{key} {ex.title}, one way to write it:\n{inspect.getsource(ex.solution)}")
+        print(f"{label(key)} {ex.title}, one way to write it:\n{inspect.getsource(ex.solution)}")
     else:
-        print(f"{key} {ex.title}: {ex.expected()!r}")
+        print(f"{label(key)} {ex.title}: {ex.expected()!r}")

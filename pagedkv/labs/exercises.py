@@ -1,5 +1,10 @@
 """Every graded exercise of the course: its title, a hint, and how its answer is computed.
 
+An exercise's id is a stable slug (``"next-block-after-frees"``), never a notebook number, so the course can be
+reordered without renaming anything; ``notebook`` names its notebook without the number (``"free_list_allocation"``
+for ``03_free_list_allocation.ipynb``), and the label a student sees ("E1", "E2") is its place among that
+notebook's exercises here (``label``). nbgrader's grade ids are ``<slug>-answer`` and ``<slug>-check``.
+
 No expected value is written down here either: each ``expected`` function
 replays the situation on the package itself (an allocator, a manager, a
 scheduler, the tiny model), so an answer is right exactly when it agrees with
@@ -22,6 +27,7 @@ from functools import cache
 class Exercise:
     title: str
     hint: str
+    notebook: str = ""  # the notebook's file name without its number and ".ipynb"
     expected: Callable[[], object] | None = None  # value exercises: computes the answer
     solution: Callable | None = None  # function exercises: one way to write it (shown by check.reveal)
     cases: tuple = ()  # function exercises: the argument tuples it is checked on
@@ -36,7 +42,7 @@ class Exercise:
             object.__setattr__(self, "reference", self.solution)
 
 
-# ----------------------------------------------------------------- 01 sizing
+# --------------------------------------- block_size_arithmetic
 def _tp4_blocks_per_gpu(tp: int = 4):
     from ..sizing import MODELS, GiB, cache_block_bytes
 
@@ -76,7 +82,7 @@ def _mla_bytes_and_ratio(rope_values: int = 64, value_bytes: int = 2):
     return mla, mha / mla
 
 
-# ------------------------------------------------------------- 02 allocation
+# ---------------------------------------- free_list_allocation
 def _next_block_after_frees(to_front: bool = False):
     from ..blocks import BlockAllocator
 
@@ -113,7 +119,7 @@ def _longest_prompts(watermark: float = 0.05):
             max(t for t, s in status.items() if s != AllocStatus.NEVER))
 
 
-# ---------------------------------------------------------- 03 copy-on-write
+# ----------------------------------------- copy_on_write_forks
 def _child_append_copies():
     from ..manager import BlockSpaceManager
 
@@ -138,7 +144,7 @@ def _fork_of_a_fork(free_b: bool = True):
     return ref_count, manager.append_slots("C", [6]), manager.append_slots("A", [7])
 
 
-# ------------------------------------------------------------ 04 beam search
+# ----------------------------------------- beam_search_sharing
 def _whole_block_prompt():
     """n = 3 samples of 6 tokens from an 8-token prompt (two full blocks), block size 4, on the tiny Llama: the
     copy-on-write copies over the request, and its peak blocks (the engine's own ``peak_gpu_blocks``)."""
@@ -185,7 +191,7 @@ def _pruned_beam():
     return freed, 16 - manager.num_free_gpu_blocks
 
 
-# --------------------------------------------------------- 05 prefix caching
+# ---------------------------------------------- prefix_caching
 def _blocks_named_alike(chained: bool = True):
     """P = [1..12]; Q holds P's three blocks of tokens in the order 0, 2, 1: which of Q's blocks have a name
     (a chained hash) that P's chain has too."""
@@ -227,7 +233,7 @@ def _lru_survivors(tail_first: bool = True):
     return manager.count_cached_tokens(prompt_a)
 
 
-# ----------------------------------------------------------- 06 memory waste
+# ------------------------------------------------ memory_waste
 def _states_outnumber_reserved(prompt_counts: bool = True, reserve_shrinks: bool = True):
     """reserve_max, a 100-token prompt, 300 tokens to produce: the first produced count at which the chunk's
     token states outnumber its slots reserved for later tokens, found by walking the request's life."""
@@ -265,7 +271,7 @@ def _pow2_never_used(policy: str = "reserve_pow2"):
     return sum(fractions) / len(fractions)
 
 
-# ------------------------------------------------------------------ 07 kernel
+# -------------------------------------- paged_attention_kernel
 def lane_work(lane, block_size, num_words):
     """Which tokens of a KV block, and which 64-bit words of each, one lane of the 'vllm' kernel reads."""
     group_size = max(32 // block_size, 1)  # lanes per token: vLLM's THREAD_GROUP_SIZE
@@ -302,12 +308,42 @@ def _chunk_keys_read():
     return tuple(sum(len(r["keys"]) for r in chunk_reads([0, 12], [40], window)) for window in (None, 30))
 
 
-# -------------------------------------------------------------- 08 visualizer
-SYSTEM_08 = list(range(100, 108))  # notebook 08's 8-token system prompt
+# -------------------------------------- block_table_visualizer
+def _tour_append_slot(shared: bool = False):
+    """The tour's map (A, 7 tokens, forked into B; B appended 2), then one token appended to A: the slot its K/V is
+    written to, and the GPU blocks in use (replayed on the visualizer, as the widget's buttons do)."""
+    from ..viz import BlockTableVisualizer
+
+    tour = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=4)
+    tour.add_sequence(7)
+    tour.fork("A")
+    tour.append("B", 2)
+    if shared:  # the slip: A's block 1 still shared, copied before the write
+        return 4 * 4 + 3, 5
+    tour.append("A", 1)
+    return tour.manager.get_slot_mapping("A")[-1], tour.snapshot().num_used()
+
+
+def _cached_after_free(partial_named: bool = False):
+    """Prefix caching on, block size 4, 12 blocks: A (10 tokens) added, B with A's first 6 tokens added, A freed:
+    B's block table, and the free blocks that still hold a cached prefix, in free-queue order."""
+    from ..viz import BlockTableVisualizer
+
+    viz = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=4, enable_prefix_caching=True)
+    viz.add_sequence(10)
+    b = viz.add_sequence(6, reuse_prompt=True)
+    viz.free("A")
+    state = viz.snapshot()
+    cached = [i for i in state.free_block_ids() if state.blocks[i].block_hash or (partial_named and i == 2)]
+    return state.tables[b], cached
+
+
+# -------------------------------- vllm_today (v1's block pool)
+SYSTEM_PROMPT_V1 = list(range(100, 108))  # notebook 10's 8-token system prompt (section 8)
 
 
 def _admit(kv, request_id, prompt):
-    """Notebook 08's ``admit``: a prefix-cache lookup, then slots for the rest; None when it does not fit."""
+    """Notebook 10's ``admit``: a prefix-cache lookup, then slots for the rest; None when it does not fit."""
     from ..v1.scheduler import Request
 
     request = Request(request_id, prompt, max_tokens=8)
@@ -318,16 +354,16 @@ def _admit(kv, request_id, prompt):
 
 
 def _scenario_08(until_step: int):
-    """Notebook 08's section 3 on a fresh v1 manager, through step ``until_step``; returns (manager, requests)."""
+    """Notebook 10's section 8 on a fresh v1 manager, through step ``until_step``; returns (manager, requests)."""
     from ..v1 import KVCacheManager
 
     kv, reqs = KVCacheManager(block_size=4, num_gpu_blocks=10), {}
-    steps = [lambda: reqs.update(A=_admit(kv, "A", SYSTEM_08 + [1, 2])[0]),
-             lambda: reqs.update(B=_admit(kv, "B", SYSTEM_08 + [3, 4, 5])[0]),
+    steps = [lambda: reqs.update(A=_admit(kv, "A", SYSTEM_PROMPT_V1 + [1, 2])[0]),
+             lambda: reqs.update(B=_admit(kv, "B", SYSTEM_PROMPT_V1 + [3, 4, 5])[0]),
              lambda: kv.free(reqs["A"]),
              lambda: kv.free(reqs["B"]),
-             lambda: reqs.update(C=_admit(kv, "C", SYSTEM_08 + [6, 7, 8, 9, 10])[0]),
-             lambda: reqs.update(C2=_admit(kv, "C2", SYSTEM_08 + [6, 7, 8, 9, 10])[0]),
+             lambda: reqs.update(C=_admit(kv, "C", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
+             lambda: reqs.update(C2=_admit(kv, "C2", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
              lambda: (kv.free(reqs["C"]), kv.free(reqs["C2"]),
                       reqs.update(D=_admit(kv, "D", list(range(200, 232)))[0]))]
     for step in steps[:until_step]:
@@ -336,29 +372,29 @@ def _scenario_08(until_step: int):
 
 
 def _returning_prefix():
-    """After notebook 08's step 7, E (the system prompt and C's 5 tokens): tokens the cache finds, and whether
+    """After notebook 10's step 7, E (the system prompt and C's 5 tokens): tokens the cache finds, and whether
     it is admitted."""
     kv, _ = _scenario_08(7)
-    request, num_cached = _admit(kv, "E", SYSTEM_08 + [6, 7, 8, 9, 10])
+    request, num_cached = _admit(kv, "E", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
     return num_cached, request is not None
 
 
 def _fan_out_vs_fork():
-    """After notebook 08's step 5: blocks in use once C's 3 extra samples are admitted (v1), and blocks in use
+    """After notebook 10's step 5: blocks in use once C's 3 extra samples are admitted (v1), and blocks in use
     when 4 forks of C's 13-token prompt share it after the prefill (v0)."""
     from ..manager import BlockSpaceManager
 
     kv, _ = _scenario_08(5)
     for i in range(3):
-        _admit(kv, f"C{i + 2}", SYSTEM_08 + [6, 7, 8, 9, 10])
+        _admit(kv, f"C{i + 2}", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
     v0 = BlockSpaceManager(4, 10, watermark=0.0)
-    v0.allocate("C", SYSTEM_08 + [6, 7, 8, 9, 10])
+    v0.allocate("C", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
     for i in range(3):
         v0.fork("C", f"C{i + 2}")
     return kv.num_gpu_blocks - kv.num_free_blocks, 10 - v0.num_free_gpu_blocks
 
 
-# --------------------------------------------------------------- 09 scheduler
+# --------------------------------------------------- scheduler
 def _preemption_replay(arrival_order=("q4", "q1", "q3", "q0", "q2")):
     """E1's situation on a real Scheduler: the first victim, and who still runs after the step."""
     from ..manager import BlockSpaceManager
@@ -405,8 +441,8 @@ def _v0_swap_queue_order():
     return swapped_out[0], v0_running[-1], pagedkv_running[-1]
 
 
-# -------------------------------------------------------------- 10 tiny vLLM
-SYSTEM_PROMPT = "The text below comes from the Python documentation, about its built-in types.\n"  # notebook 10
+# --------------------------------------------------- tiny_vllm
+SYSTEM_PROMPT = "The text below comes from the Python documentation, about its built-in types.\n"  # notebook 12
 
 
 @cache
@@ -438,7 +474,7 @@ def _peak_blocks_alone():
 
 
 
-# ------------------------------------------------------------ 11 vLLM today
+# -------------------------------------------------- vllm_today
 def _second_prompt_first_token_step():
     """v1, budget 256: 8 requests decoding; prompt A (1,000 tokens) first scheduled in step 1, prompt B (1,000)
     added right after step 1. The step (counting from 1) in which B samples its first token."""
@@ -476,7 +512,7 @@ def _fan_out_on_a_capped_hit():
 
 
 
-# ------------------------------------------------------------ 12 hybrid KV caches
+# --------------------------------------------- hybrid_kv_cache
 def _sliding_group_at_5000():
     """A 1,024-token window, block 16: a request with 5,000 computed tokens gets a slot for its next token.
     (null entries, real blocks) in its sliding group's table."""
@@ -506,7 +542,7 @@ def _agreed_hit_with_a_gap():
     specs = [SlidingWindowSpec(4, 1, 2, sliding_window=8), FullAttentionSpec(4, 1, 2)]
     kv = KVCacheManager(4, 32, True, get_kv_cache_groups(specs))
     request = Request("r", list(range(25)), max_tokens=1)
-    hashes = kv._block_hashes(request, 24)
+    hashes = kv.block_hashes(request, 24)
     for group, keep in ((0, {0, 1, 2, 4}), (1, set(range(6)))):  # as if earlier requests had cached them
         blocks = kv.block_pool.get_new_blocks(6)
         kv.block_pool.cache_full_blocks(group, blocks, hashes, 0, 6)
@@ -516,8 +552,39 @@ def _agreed_hit_with_a_gap():
     (sliding, _), num_tokens = kv.get_computed_blocks(request)
     return num_tokens, sliding.count(kv.null_block)
 
+# ------------------------------------------- unified_attention
+def _next_step_metadata(cumulative: bool = True, causal_offset: bool = True):
+    """Notebook 11's scheduler run (blocks of 4, budget 16, three 5-token requests decoding, a 30-token prompt
+    arriving after step 0), one step past the one it shows: that step's ``cu_seqlens_q``, and the key positions
+    its rows read in all (``kernel_figures.chunk_reads``, the rule the kernels use)."""
+    import itertools
 
-# ------------------------------------------------------ KV offloading (the CPU tier)
+    from ..decoding import synthetic_prompt
+    from ..v1 import KVCacheManager, Scheduler
+    from ..viz.kernel_figures import chunk_reads
+    from ..viz.scheduler_widget import stand_in_model
+
+    tiny = Scheduler(KVCacheManager(4, 24), max_num_batched_tokens=16)
+    for i in range(3):
+        tiny.add_request(f"d{i}", synthetic_prompt(5, seed=i), 8)
+    for step in range(4):
+        out = tiny.schedule()
+        if step == 3:
+            break
+        tiny.update_from_output(out, {r: stand_in_model(tiny.requests[r].all_token_ids)
+                                      for r in tiny.sampling_request_ids(out)})
+        if step == 0:
+            tiny.add_request("long", synthetic_prompt(30, seed=9), 4)
+    q_lens = list(out.num_scheduled_tokens.values())
+    cu_seqlens_q = [0, *itertools.accumulate(q_lens)]
+    seq_lens = [tiny.requests[r].num_computed_tokens for r in out.num_scheduled_tokens]  # this step's tokens included
+    if not causal_offset:  # the slip: each row reads only this step's keys
+        seq_lens = q_lens
+    keys = sum(len(row["keys"]) for row in chunk_reads(cu_seqlens_q, seq_lens))
+    return (cu_seqlens_q if cumulative else q_lens), keys
+
+
+# --------------------------------------- kv_offloading
 def _two_tier_hit(gpu_blocks=(0, 1), cpu_blocks=(0, 2, 3, 4)):
     """Block size 4, a 20-token prompt P (blocks P0..P4). The GPU pool still caches P0 and P1 (free, named); the CPU
     tier holds P0, P2, P3 and P4. Replayed on v1's scheduler with the offloading connector: (prompt tokens served by
@@ -554,81 +621,29 @@ def _two_tier_hit(gpu_blocks=(0, 1), cpu_blocks=(0, 2, 3, 4)):
 
 
 EXERCISES: dict[str, Exercise] = {
-    "01.E1": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4", expected=_tp4_blocks_per_gpu,
+    "tp4-blocks-per-gpu": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4",
+                      notebook="block_size_arithmetic", expected=_tp4_blocks_per_gpu,
                       mistakes=((lambda: _tp4_blocks_per_gpu(tp=1), "that is what one GPU would hold if it kept "
                                  "every KV head of the model; under tensor parallelism it keeps only its share."),),
                       hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
                            "for every layer."),
-    "01.E2": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)", expected=_tp16_bytes_per_token,
+    "tp16-kv-heads": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)",
+                      notebook="block_size_arithmetic", expected=_tp16_bytes_per_token,
                       mistakes=((_tp16_heads_cut_in_half, "you gave each GPU a fraction of a KV head; a GPU keeps "
                                  "whole KV heads, so some heads must be kept on more than one GPU."),),
                       hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
                            "attend with. How many query heads does a GPU have, and how many share one KV head? "
                            "Then count how many GPUs hold each KV head."),
-    "01.E3": Exercise("(MLA bytes per token, times fewer than MHA)", expected=_mla_bytes_and_ratio, tolerance=0.01,
+    "mla-bytes-per-token": Exercise("(MLA bytes per token, times fewer than MHA)",
+                      notebook="block_size_arithmetic", expected=_mla_bytes_and_ratio, tolerance=0.01,
                       mistakes=((lambda: _mla_bytes_and_ratio(rope_values=0), "you counted the latent alone; MLA "
                                  "also caches a small decoupled RoPE key per token and layer."),
                                 (lambda: _mla_bytes_and_ratio(value_bytes=1), "you counted values, not bytes: each "
                                  "bf16 value takes 2 bytes.")),
                       hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
                            "and V for every head of every layer."),
-    "02.E1": Exercise("next block", expected=_next_block_after_frees,
-                      mistakes=((lambda: _next_block_after_frees(to_front=True), "you reused the block freed last, "
-                                 "as a stack would; pagedkv's free() does not put a block where allocate() looks "
-                                 "first."),),
-                      hint="write the free queue out after every call: where does free() put a block, and where does "
-                           "allocate() take one from?"),
-    "02.E2": Exercise("(Z's block table, the slot of Z's last token)", expected=_table_after_a_free,
-                      mistakes=((lambda: _table_after_a_free(tail_first=False), "you gave X's blocks back first "
-                                 "block first; free() releases a table starting from its last block."),),
-                      hint="write the free queue out after every call: in which order does freeing a sequence give "
-                           "its blocks back, and to which end? Then slot = block * block_size + offset."),
-    "02.E3": Exercise("(longest prompt admitted now, longest ever admitted)", expected=_longest_prompts,
-                      mistakes=((lambda: _longest_prompts(watermark=0.0), "you let a prompt take every free "
-                                 "block; both tests keep the watermark's blocks back."),),
-                      hint="a prompt needs ceil(tokens / 16) blocks, and both tests keep 5 blocks spare: the "
-                           "free ones now (OK), or an empty pool (not NEVER). Is leaving exactly 5 allowed?"),
-    "03.E1": Exercise("copies", expected=_child_append_copies,
-                      hint="only a shared block that is partly filled is copied before a write; where do the "
-                           "tokens go after the copy is full?"),
-    "03.E2": Exercise("(block 1's ref count before C's append, C's copies, A's copies)", expected=_fork_of_a_fork,
-                      mistakes=((lambda: _fork_of_a_fork(free_b=False), "B still holds its references in your "
-                                 "answer; freeing B drops one from each of its blocks."),),
-                      hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
-                           "sequence drops one from each of its blocks. A write copies a partly filled block only "
-                           "while someone else still holds it, and the writer's reference moves to the copy."),
-    "04.E1": Exercise("(copy-on-write copies over the request, peak blocks in use)", expected=_whole_block_prompt,
-                      mistakes=((_whole_block_prompt_unshared, "you counted the prompt's blocks once per sample; "
-                                 "the samples are forked from one prompt and share its blocks."),),
-                      hint="a copy is made only when a sample writes into a shared block that has free slots: does "
-                           "this prompt leave one? For the peak, the last step allocates a slot for every sample's "
-                           "previous token; the token it samples last is never written."),
-    "04.E2": Exercise("(blocks freed by pruning Y, blocks in use after the step)", expected=_pruned_beam,
-                      hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
-                           "both survivors write into a full block."),
-    "04.E3": Exercise("savings", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
-                      hint="find the step with the most blocks, and count the tokens each sample has a slot for "
-                           "then (is the last sampled token ever written?). With sharing, the prompt's full blocks "
-                           "are held once; without, once per sample. Does a sample's first output token start a "
-                           "block of its own, or share one with the prompt?"),
-    "05.E1": Exercise("Q's blocks named as one of P's", expected=_blocks_named_alike,
-                      mistakes=((lambda: _blocks_named_alike(chained=False), "you named each block by its own tokens "
-                                 "alone; a name chains in its parent's name."),),
-                      hint="a block's name hashes its parent's name together with its own tokens: two blocks with "
-                           "the same tokens get the same name only if everything before them is the same too."),
-    "05.E2": Exercise("the new request's blocks", expected=_blocks_of_a_returning_prefix,
-                      mistakes=((lambda: _blocks_of_a_returning_prefix(unnamed_blocks_first=True), "you put the "
-                                 "freed block without a name at the queue's head, vLLM 0.33's rule; pagedkv's "
-                                 "manager here puts every freed block at the tail."),),
-                      hint="a full block keeps its name when freed; the rest of a new table comes from the free "
-                           "queue's head, and the queue got the freed blocks last block first."),
-    "05.E3": Exercise("tokens of A still cached", expected=_lru_survivors,
-                      mistakes=((lambda: _lru_survivors(tail_first=False), "you freed A's blocks first block first; "
-                                 "free() releases a table from its last block, so which of A's blocks waits "
-                                 "longest in the queue?"),),
-                      hint="new allocations take the free queue's head; A's blocks joined the tail last block "
-                           "first, and a cached prefix counts only up to its first missing block."),
-    "06.E1": Exercise("tokens produced when token states first outnumber the reserved slots",
+    "reservation-outgrown": Exercise("tokens produced when token states first outnumber the reserved slots",
+                      notebook="memory_waste",
                       expected=_states_outnumber_reserved,
                       mistakes=((lambda: _states_outnumber_reserved(prompt_counts=False), "the prompt's K/V are "
                                  "token states too, from the first step on."),
@@ -636,79 +651,175 @@ EXERCISES: dict[str, Exercise] = {
                                  "for tokens still to come: it shrinks by one with every token produced.")),
                       hint="write both parts as functions of the tokens produced so far, p: token states, and slots "
                            "reserved for the tokens still to come. When is the first just larger?"),
-    "06.E2": Exercise("mean fraction never used", expected=_pow2_never_used, tolerance=0.005,
+    "pow2-never-used": Exercise("mean fraction never used",
+                      notebook="memory_waste", expected=_pow2_never_used, tolerance=0.005,
                       mistakes=((lambda: _pow2_never_used("reserve_max"), "you gave every request the maximum "
                                  "length's chunk; reserve_pow2 rounds each final length up to a power of two."),),
                       hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
-    "06.E3": Exercise("((pow2 tokens, reserved, never), (paged tokens, reserved, never))", expected=_three_ledgers,
+    "three-ledgers": Exercise("((pow2 tokens, reserved, never), (paged tokens, reserved, never))",
+                      notebook="memory_waste", expected=_three_ledgers,
                       mistakes=((lambda: _three_ledgers(last_block_reserved=False), "under paged you filed every "
                                  "empty slot of the last block as never used; a slot that a later token of this "
                                  "request will fill is reserved."),),
                       hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
                            "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
                            "a later token of this request will land in it, never used if none will."),
-    "07.E1": Exercise("lane_work", solution=lane_work, reference=_kernel_lane_work,
+    "next-block-after-frees": Exercise("next block", notebook="free_list_allocation", expected=_next_block_after_frees,
+                      mistakes=((lambda: _next_block_after_frees(to_front=True), "you reused the block freed last, "
+                                 "as a stack would; pagedkv's free() does not put a block where allocate() looks "
+                                 "first."),),
+                      hint="write the free queue out after every call: where does free() put a block, and where does "
+                           "allocate() take one from?"),
+    "table-after-a-free": Exercise("(Z's block table, the slot of Z's last token)",
+                      notebook="free_list_allocation", expected=_table_after_a_free,
+                      mistakes=((lambda: _table_after_a_free(tail_first=False), "you gave X's blocks back first "
+                                 "block first; free() releases a table starting from its last block."),),
+                      hint="write the free queue out after every call: in which order does freeing a sequence give "
+                           "its blocks back, and to which end? Then slot = block * block_size + offset."),
+    "watermark-longest-prompts": Exercise("(longest prompt admitted now, longest ever admitted)",
+                      notebook="free_list_allocation", expected=_longest_prompts,
+                      mistakes=((lambda: _longest_prompts(watermark=0.0), "you let a prompt take every free "
+                                 "block; both tests keep the watermark's blocks back."),),
+                      hint="a prompt needs ceil(tokens / 16) blocks, and both tests keep 5 blocks spare: the "
+                           "free ones now (OK), or an empty pool (not NEVER). Is leaving exactly 5 allowed?"),
+    "blocks-named-alike": Exercise("Q's blocks named as one of P's",
+                      notebook="prefix_caching", expected=_blocks_named_alike,
+                      mistakes=((lambda: _blocks_named_alike(chained=False), "you named each block by its own tokens "
+                                 "alone; a name chains in its parent's name."),),
+                      hint="a block's name hashes its parent's name together with its own tokens: two blocks with "
+                           "the same tokens get the same name only if everything before them is the same too."),
+    "returning-prefix-table": Exercise("the new request's blocks",
+                      notebook="prefix_caching", expected=_blocks_of_a_returning_prefix,
+                      mistakes=((lambda: _blocks_of_a_returning_prefix(unnamed_blocks_first=True), "you put the "
+                                 "freed block without a name at the queue's head, vLLM 0.33's rule; pagedkv's "
+                                 "manager here puts every freed block at the tail."),),
+                      hint="a full block keeps its name when freed; the rest of a new table comes from the free "
+                           "queue's head, and the queue got the freed blocks last block first."),
+    "lru-survivors": Exercise("tokens of A still cached", notebook="prefix_caching", expected=_lru_survivors,
+                      mistakes=((lambda: _lru_survivors(tail_first=False), "you freed A's blocks first block first; "
+                                 "free() releases a table from its last block, so which of A's blocks waits "
+                                 "longest in the queue?"),),
+                      hint="new allocations take the free queue's head; A's blocks joined the tail last block "
+                           "first, and a cached prefix counts only up to its first missing block."),
+    "child-append-copies": Exercise("copies", notebook="copy_on_write_forks", expected=_child_append_copies,
+                      hint="only a shared block that is partly filled is copied before a write; where do the "
+                           "tokens go after the copy is full?"),
+    "fork-of-a-fork": Exercise("(block 1's ref count before C's append, C's copies, A's copies)",
+                      notebook="copy_on_write_forks", expected=_fork_of_a_fork,
+                      mistakes=((lambda: _fork_of_a_fork(free_b=False), "B still holds its references in your "
+                                 "answer; freeing B drops one from each of its blocks."),),
+                      hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
+                           "sequence drops one from each of its blocks. A write copies a partly filled block only "
+                           "while someone else still holds it, and the writer's reference moves to the copy."),
+    "whole-block-prompt": Exercise("(copy-on-write copies over the request, peak blocks in use)",
+                      notebook="beam_search_sharing", expected=_whole_block_prompt,
+                      mistakes=((_whole_block_prompt_unshared, "you counted the prompt's blocks once per sample; "
+                                 "the samples are forked from one prompt and share its blocks."),),
+                      hint="a copy is made only when a sample writes into a shared block that has free slots: does "
+                           "this prompt leave one? For the peak, the last step allocates a slot for every sample's "
+                           "previous token; the token it samples last is never written."),
+    "pruned-beam": Exercise("(blocks freed by pruning Y, blocks in use after the step)",
+                      notebook="beam_search_sharing", expected=_pruned_beam,
+                      hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
+                           "both survivors write into a full block."),
+    "parallel-sampling-savings": Exercise("savings",
+                      notebook="beam_search_sharing", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
+                      hint="find the step with the most blocks, and count the tokens each sample has a slot for "
+                           "then (is the last sampled token ever written?). With sharing, the prompt's full blocks "
+                           "are held once; without, once per sample. Does a sample's first output token start a "
+                           "block of its own, or share one with the prompt?"),
+    "visualizer-append-slot": Exercise("(the slot of A's new token, blocks in use)",
+                      notebook="block_table_visualizer", expected=_tour_append_slot,
+                      mistakes=((lambda: _tour_append_slot(shared=True), "you copied block 1 before writing; B's "
+                                 "append already moved B's reference to a copy, so A's block 1 is no longer shared."),),
+                      hint="read block 1's ref count in the map: a write copies a block only while someone else "
+                           "still holds it. Then slot = block * block_size + offset."),
+    "visualizer-cached-prefix": Exercise("(B's block table, free blocks still holding a cached prefix)",
+                      notebook="block_table_visualizer", expected=_cached_after_free,
+                      mistakes=((lambda: _cached_after_free(partial_named=True), "you named A's partly filled last "
+                                 "block; only a full block gets a prefix-cache name."),),
+                      hint="B hits only A's full blocks that its own 6 tokens fill; freeing A drops one reference "
+                           "from each of A's blocks, and a block goes to the free queue only when none is left."),
+    "lane-work": Exercise("lane_work",
+                      notebook="paged_attention_kernel", solution=lane_work, reference=_kernel_lane_work,
                       cases=((0, 16, 16), (5, 16, 16), (31, 16, 16), (13, 8, 32), (7, 32, 32), (3, 64, 32),
                              (9, 1, 64), (30, 4, 8)),
                       hint="first find the group size, the group (lane // group size) and the rank in the group; "
                            "a group's tokens step by the number of groups in a warp, a rank's words by the group "
                            "size."),
-    "07.E2": Exercise("merge", solution=merge,
+    "softmax-merge": Exercise("merge", notebook="paged_attention_kernel", solution=merge,
                       cases=((1.0, 2.0, 0.5, 3.0, 1.0, -1.0), (0.0, 1.0, 2.0, 0.0, 3.0, 4.0),
                              (800.0, 1.5, 0.25, 790.0, 4.0, 2.0), (-2.0, 5.0, 1.0, 2.5, 0.5, -3.0),
                              (3.0, 2.0, 0.0, -40.0, 7.0, 10.0)),
                       hint="bring both parts to the larger of the two maxima before adding them (exp of a "
                            "difference, never of a logit alone); an unnormalised accumulator scales like its sum, "
                            "and nothing is divided until the very end."),
-    "07.E3": Exercise("(keys read, causal; keys read, window 30)", expected=_chunk_keys_read,
-                      hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "
-                           "position; a window keeps only the last W of those."),
-    "08.E1": Exercise("(tokens from the cache, admitted)", expected=_returning_prefix,
-                      hint="a hit needs every block before it cached too; which of C's full blocks did D's allocation "
-                           "evict? Then count the free blocks E would need beside its hits."),
-    "08.E2": Exercise("(v1 blocks in use, v0 blocks in use)", expected=_fan_out_vs_fork,
-                      hint="v1: each extra sample hits every full block and needs one private block for its partly "
-                           "filled last one; v0: a fork shares every block, the partly filled one too, until a write.",
-                      mistakes=((lambda: (7, 7), "the forks were given private last blocks: in v0 they share the "
-                                                 "partly filled block too, until one of them writes."),)),
-    "09.E1": Exercise("(victim, still running)", expected=_preemption_replay,
+    "preemption-victim": Exercise("(victim, still running)", notebook="scheduler", expected=_preemption_replay,
                       hint="the most recently *arrived* running request goes first; walk the others oldest first, "
                            "each freed block serving one of them."),
-    "09.E2": Exercise("crossover block size", expected=_swap_crossover_block_size,
+    "swap-crossover-block-size": Exercise("crossover block size",
+                      notebook="scheduler", expected=_swap_crossover_block_size,
                       hint="recompute's cost does not depend on the block size; a swap pays the bytes once and a "
                            "fixed overhead per copy, per block, layer, K and V, and it goes out and back in: solve "
                            "for the number of blocks first, then turn blocks into a block size."),
-    "09.E3": Exercise("(v0 swaps in first, v0's next victim, pagedkv's next victim)", expected=_v0_swap_queue_order,
+    "v0-swap-queue-order": Exercise("(v0 swaps in first, v0's next victim, pagedkv's next victim)",
+                      notebook="scheduler", expected=_v0_swap_queue_order,
                       hint="v0's swapped queue is first out, first in; each request it brings back joins the tail of "
                            "running, and the victim is whoever is at that tail. pagedkv sorts running by arrival.",
                       mistakes=((lambda: ("r1", "r2", "r2"), "that is arrival order; v0 keeps its swapped queue in the "
                                                              "order the requests left, first out, first in."),)),
-    "10.E1": Exercise("cached prompt tokens", expected=_cached_prompt_tokens,
-                      hint="count the full blocks made only of the shared 45 bytes."),
-    "10.E2": Exercise("peak blocks", expected=_peak_blocks_alone,
-                      hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
-    "11.E1": Exercise("the step in which B samples its first token", expected=_second_prompt_first_token_step,
+    "chunked-first-token-step": Exercise("the step in which B samples its first token",
+                      notebook="vllm_today", expected=_second_prompt_first_token_step,
                       hint="running requests go first, in the order they were admitted, so A's chunks come before B "
                            "gets anything; once A has sampled it is one more decode, one token a step."),
-    "11.E2": Exercise("(prompt tokens computed, blocks held)", expected=_fan_out_on_a_capped_hit,
+    "fan-out-capped-hit": Exercise("(prompt tokens computed, blocks held)",
+                      notebook="vllm_today", expected=_fan_out_on_a_capped_hit,
                       hint="the first child caches its full blocks as it allocates them; the others hit them, but a "
                            "hit is capped at num_tokens - 1, rounded down to whole blocks, and what is not hit is "
                            "computed into blocks of their own.",
                       mistakes=((lambda: (32, 2), "the later children cannot hit the whole prompt: a hit stops "
                                                   "at num_tokens - 1 tokens, in whole blocks."),)),
-    "12.E1": Exercise("(null entries, real blocks) of the sliding group", expected=_sliding_group_at_5000,
+    "v1-prefix-comeback": Exercise("(tokens from the cache, admitted)",
+                      notebook="vllm_today", expected=_returning_prefix,
+                      hint="a hit needs every block before it cached too; which of C's full blocks did D's allocation "
+                           "evict? Then count the free blocks E would need beside its hits."),
+    "fan-out-vs-fork": Exercise("(v1 blocks in use, v0 blocks in use)",
+                      notebook="vllm_today", expected=_fan_out_vs_fork,
+                      hint="v1: each extra sample hits every full block and needs one private block for its partly "
+                           "filled last one; v0: a fork shares every block, the partly filled one too, until a write.",
+                      mistakes=((lambda: (7, 7), "the forks were given private last blocks: in v0 they share the "
+                                                 "partly filled block too, until one of them writes."),)),
+    "chunk-keys-read": Exercise("(keys read, causal; keys read, window 30)",
+                      notebook="unified_attention", expected=_chunk_keys_read,
+                      hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "
+                           "position; a window keeps only the last W of those."),
+    "next-step-metadata": Exercise("(cu_seqlens_q, key positions read in all)",
+                      notebook="unified_attention", expected=_next_step_metadata,
+                      mistakes=((lambda: _next_step_metadata(cumulative=False), "you gave each sequence's number "
+                                 "of query rows; cu_seqlens_q is their running sum, starting at 0."),
+                                (lambda: _next_step_metadata(causal_offset=False), "you counted only the keys "
+                                 "written in this step; a row also reads every key earlier steps wrote.")),
+                      hint="the budget serves the three decodes first; the long prompt's rows sit after the tokens "
+                           "its two earlier chunks computed, and each row reads every key up to its own position."),
+    "cached-prompt-tokens": Exercise("cached prompt tokens", notebook="tiny_vllm", expected=_cached_prompt_tokens,
+                      hint="count the full blocks made only of the shared 45 bytes."),
+    "peak-blocks-alone": Exercise("peak blocks", notebook="tiny_vllm", expected=_peak_blocks_alone,
+                      hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
+    "sliding-group-nulls": Exercise("(null entries, real blocks) of the sliding group",
+                      notebook="hybrid_kv_cache", expected=_sliding_group_at_5000,
                       hint="the next token at position 5,000 sees positions 3,977..5,000; only blocks that end before "
                            "the window's first position are null; the table covers every position up to 5,000.",
                       mistakes=((lambda: (249, 64), "that nulls the block holding position 3,977, which the next token "
                                  "still sees: only blocks wholly before the window are given back."),)),
-    "12.E2": Exercise("(hit tokens, null entries in the sliding group's hit)", expected=_agreed_hit_with_a_gap,
+    "agreed-hit-with-a-gap": Exercise("(hit tokens, null entries in the sliding group's hit)",
+                      notebook="hybrid_kv_cache", expected=_agreed_hit_with_a_gap,
                       hint="search the sliding group from the right for ceil((8 - 1) / 4) cached blocks in a row; "
                            "the hit ends after that run, and the full group serves any shorter prefix.",
                       mistakes=((lambda: (24, 4), "that is the full group's hit alone; the sliding group needs the 2 "
                                  "blocks just before the hit point cached, and block 5 is not."),)),
     "offload-two-tier-hit": Exercise(
         "(prompt tokens from the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens computed)",
-        expected=_two_tier_hit,
+        notebook="kv_offloading", expected=_two_tier_hit,
         hint="the GPU lookup comes first and stops at its first missing block (and at num_tokens - 1); the connector "
              "is asked only for what comes after that, again as a run with no gap, but up to num_tokens; a request "
              "whose every prompt token is computed still needs logits for its last one.",
@@ -719,3 +830,16 @@ EXERCISES: dict[str, Exercise] = {
                   (lambda: (8, 0, 12), "the CPU lookup does not start at token 0: it starts after the GPU hit, so the "
                    "block missing from the CPU tier is one the GPU already serves."))),
 }
+
+
+def label(key: str) -> str:
+    """``"E1"``, ``"E2"``...: the exercise's place among its notebook's exercises, in the order of ``EXERCISES``."""
+    notebook = EXERCISES[key].notebook
+    return f"E{[k for k, e in EXERCISES.items() if e.notebook == notebook].index(key) + 1}"
+
+
+def of_notebook(notebook: str) -> list[str]:
+    """The ids of a notebook's exercises, in order; ``notebook`` is a file name with or without number/suffix."""
+    name = notebook.removesuffix(".ipynb")
+    name = name.split("_", 1)[1] if name[:2].isdigit() else name
+    return [k for k, e in EXERCISES.items() if e.notebook == name]

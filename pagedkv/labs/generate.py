@@ -40,7 +40,8 @@ This is the **exercise** copy of `{name}`: outputs are cleared and the parts for
   then run it and compare. Running everything at once would show you the answers before you think.
 * In each exercise's answer cell, replace the `...` (or the `raise NotImplementedError`) with your answer,
   then run the **check cell** under it. It prints `[ok]`, or which part is off and a hint, never the
-  answer; `check.reveal("NN.Ek")` shows the answer if you are stuck. A check never crashes the notebook.
+  answer; `check.reveal("<id>")`, with the id the check cell names, shows the answer if you are stuck. A check
+  never crashes the notebook.
 
 No GPU is needed: the CUDA kernel runs in numba's CUDA simulator. Please do not publish solutions.
 """

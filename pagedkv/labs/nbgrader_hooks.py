@@ -7,9 +7,9 @@ writes instead: an answer region at the top level of a cell becomes ``name = ...
 name it assigns, so the check cell under it says "no answer yet" and *Run All* goes on. A region inside a
 function (or one that assigns no name) gets the configured ``ClearSolutions.code_stub``.
 
-``ClearWidgetState``: ``generate_assignment`` clears outputs but keeps the notebook's widget state, which
-notebook 08 stores so its visualizer shows on GitHub (77 widget models with their replay logs). Released
-notebooks do not need it.
+``ClearWidgetState``: ``generate_assignment`` clears outputs but keeps the notebook's widget state, which a
+notebook may store so a widget shows on GitHub (notebook 07's visualizer once stored 77 models with their replay
+logs). Released notebooks do not need it.
 """
 
 import re

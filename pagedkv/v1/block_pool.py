@@ -76,10 +76,11 @@ class BlockPool:
         return found
 
     def cache_full_blocks(self, group_id: int, block_ids: list[int], block_hashes: list, start: int,
-                          end: int) -> None:
-        """Name blocks ``start .. end - 1`` of a group's table by their hashes; null blocks stay nameless."""
+                          end: int, block_mask: list[bool] | None = None) -> None:
+        """Name blocks ``start .. end - 1`` of a group's table by their hashes; null blocks stay nameless, and so
+        do those ``block_mask`` (one flag per block from ``start``; None: all) leaves out."""
         for i in range(start, end):
-            if block_ids[i] != self.null_block:
+            if block_ids[i] != self.null_block and (block_mask is None or block_mask[i - start]):
                 block_hash, parent, tokens = block_hashes[i]
                 self.prefix_caches[group_id].insert(block_ids[i], block_hash, parent, tokens)
 

@@ -30,6 +30,13 @@ What changed since v0's ``BlockSpaceManager``:
   request over one pool; a sliding-window group gives back the blocks that left the window while the request runs
   (``single_type_kv_cache_manager.py``), and the groups agree on one prefix hit (``kv_cache_coordinator.py``).
   With the default single full-attention group, everything is as it was.
+* ``prefix_cache_retention_interval`` (vLLM 0.33's ``CacheConfig`` setting, ``vllm/config/cache.py``, copied into
+  the ``KVCacheConfig`` by ``vllm/v1/core/kv_cache_planning.py``): which full blocks a sliding-window group names in
+  the prefix cache. ``0``, the default, names only the blocks a later request can resume from: the ones before the
+  prompt's replay boundary and before the request's shared-prefix junction (``shared_prefix_boundary``, set at
+  each lookup). The rest stay unnamed and go to the head of the free queue when they leave the window, since no
+  hit could use them. ``None`` names every full block (dense); a positive multiple of the block size adds a resume
+  point at each multiple. Full-attention groups always name every full block.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ class KVCacheManager:
     """
 
     def __init__(self, block_size: int, num_gpu_blocks: int, enable_caching: bool = True,
-                 kv_cache_groups: list[KVCacheGroupSpec] | None = None, max_num_batched_tokens: int | None = None):
+                 kv_cache_groups: list[KVCacheGroupSpec] | None = None, max_num_batched_tokens: int | None = None,
+                 prefix_cache_retention_interval: int | None = 0):
         if not isinstance(enable_caching, bool):
             raise PagedKVValueError(f"enable_caching must be True or False, got {enable_caching!r}.")
         self.block_size = check_int("block_size", block_size, minimum=1)
@@ -58,12 +66,15 @@ class KVCacheManager:
         if kv_cache_groups is None:  # the manager needs only block_size; the page shape is the engine's business
             kv_cache_groups = [KVCacheGroupSpec((0,), FullAttentionSpec(block_size, 1, 1))]
         self.kv_cache_groups = _check_groups(kv_cache_groups, block_size, num_gpu_blocks)
+        self.prefix_cache_retention_interval = _check_retention_interval(prefix_cache_retention_interval, block_size,
+                                                                         self.kv_cache_groups)
         # vLLM's admission cap per group (sliding groups only; needs the step's token budget)
         self.max_admission_blocks = [
             g.kv_cache_spec.max_admission_blocks_per_request(max_num_batched_tokens, float("inf"))
             if g.sliding_window is not None and max_num_batched_tokens is not None else None
             for g in self.kv_cache_groups]
-        self.coordinator = KVCacheCoordinator(self.kv_cache_groups, num_gpu_blocks, enable_caching)
+        self.coordinator = KVCacheCoordinator(self.kv_cache_groups, num_gpu_blocks, enable_caching,
+                                              self.prefix_cache_retention_interval)
         self.block_pool = self.coordinator.block_pool
         self.num_slots: dict = {}  # request_id -> tokens its blocks have slots for
         self.req_to_hashes: dict = {}  # request_id -> (hash, parent, tokens) of its full blocks, grown as they fill
@@ -127,21 +138,29 @@ class KVCacheManager:
     def get_computed_blocks(self, request) -> tuple[list[int] | tuple, int]:
         """The longest cached prefix every group can serve, and the tokens it holds.
 
-        At most ``num_tokens - 1`` tokens, in whole blocks (vLLM: ``max_cache_hit_length``). Reads only.
+        At most ``num_tokens - 1`` tokens, in whole blocks (vLLM: ``max_cache_hit_length``). Changes no block;
+        it records on the request its ``shared_prefix_boundary``: when one group hit more than all agree on, the
+        end of that longer hit (the prefix this request shares with an earlier one), else 0. vLLM 0.33 returns it
+        as a third value and its scheduler stores it on the request (``sched/scheduler.py``); pagedkv stores it
+        here, so the lookup keeps its two values.
         """
         empty = tuple([] for _ in self.kv_cache_groups)
         if self.block_pool.prefix_caches is None:
+            request.shared_prefix_boundary = 0
             return self._per_group(empty), 0
-        hashes = self._block_hashes(request, request.num_tokens - 1)
-        hits, num_tokens = self.coordinator.find_longest_cache_hit(hashes, len(hashes) * self.block_size)
+        hashes = self.block_hashes(request, request.num_tokens - 1)
+        hits, num_tokens, num_uncached = self.coordinator.find_longest_cache_hit(hashes,
+                                                                                 len(hashes) * self.block_size)
+        request.shared_prefix_boundary = num_tokens + num_uncached if num_uncached else 0
         return self._per_group(hits), num_tokens
 
     def _per_group(self, blocks: tuple):
         return blocks if self.is_hybrid else blocks[0]
 
-    def _block_hashes(self, request, num_tokens: int) -> list[tuple]:
-        """``(hash, parent hash, tokens)`` of each full block among the first ``num_tokens`` tokens (vLLM keeps
-        them on the request, ``request.block_hashes``; here a running request's are kept and extended)."""
+    def block_hashes(self, request, num_tokens: int) -> list[tuple]:
+        """``(hash, parent hash, tokens)`` of each full block among the request's first ``num_tokens`` tokens, the
+        names a lookup asks the pool for (``block_pool.get_cached_block``). vLLM keeps them on the request,
+        ``request.block_hashes``; here a running request's are kept and extended."""
         hashes = self.req_to_hashes.get(request.request_id, []) if request.request_id in self.num_slots else []
         tokens, bs = request.all_token_ids, self.block_size
         for i in range(len(hashes), num_tokens // bs):
@@ -205,8 +224,8 @@ class KVCacheManager:
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         """Name the request's blocks that are full within its first ``num_computed_tokens`` tokens."""
         if self.block_pool.prefix_caches is not None:
-            hashes = self.req_to_hashes[request.request_id] = self._block_hashes(request, num_computed_tokens)
-            self.coordinator.cache_blocks(request.request_id, hashes, num_computed_tokens)
+            hashes = self.req_to_hashes[request.request_id] = self.block_hashes(request, num_computed_tokens)
+            self.coordinator.cache_blocks(request, hashes, num_computed_tokens)
 
     def _hits_by_group(self, new_computed_block_ids) -> tuple:
         if not new_computed_block_ids:
@@ -255,6 +274,20 @@ class KVCacheManager:
         groups = f", groups={[g.name for g in self.kv_cache_groups]}" if self.is_hybrid else ""
         return (f"KVCacheManager(block_size={self.block_size}, num_gpu_blocks={self.num_gpu_blocks}, "
                 f"free={self.num_free_blocks}, caching={self.block_pool.prefix_caches is not None}{groups})")
+
+
+def _check_retention_interval(value, block_size: int, groups: list[KVCacheGroupSpec]) -> int | None:
+    """vLLM 0.33: ``_validate_prefix_cache_retention_interval`` in ``kv_cache_coordinator.py``."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value % block_size:
+        raise PagedKVValueError(f"prefix_cache_retention_interval={value!r}: use 0 (vLLM's default: a sliding "
+                                "group names only the blocks a later request can resume from), None (every full "
+                                f"block), or a positive multiple of block_size ({block_size}).")
+    if value and all(g.sliding_window is None for g in groups):
+        raise PagedKVValueError(f"prefix_cache_retention_interval={value}: this model has no sliding-window group, "
+                                "so retention has no effect; set it to 0 (it applies only to sliding windows).")
+    return value
 
 
 def _check_groups(kv_cache_groups, block_size: int, num_gpu_blocks: int) -> list[KVCacheGroupSpec]:

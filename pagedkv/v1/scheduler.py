@@ -60,6 +60,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its (last) admission
+    shared_prefix_boundary: int = 0  # end of a prefix shared with an earlier request, set at each lookup; 0: none
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -130,6 +131,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens thrown away by preemptions (computed again later)
         self.num_external_computed_tokens = 0  # tokens a KV connector's loads supplied (not computed here)
+
+    @property
+    def prefix_cache_retention_interval(self) -> int | None:
+        """Its manager's setting (``KVCacheManager(..., prefix_cache_retention_interval=0)``): vLLM's scheduler
+        builds its manager from the cache config; this one is handed its manager, so the setting lives there."""
+        return self.kv_cache_manager.prefix_cache_retention_interval
 
     @property
     def waiting(self) -> list:

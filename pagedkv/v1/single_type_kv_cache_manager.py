@@ -13,6 +13,11 @@ The sliding-window rules, as vLLM has them:
 * **allocation** counts only what the window still needs: skipped blocks are never allocated.
 * **prefix hits** need only the last ``ceil((sliding_window - 1) / block_size)`` blocks before the hit point to be
   cached; ``find_longest_cache_hit`` searches from the right and stops at the first run that long.
+* **retention** (``reachable_block_mask``): a sliding group *names* (hashes into the prefix cache) only the
+  blocks a hit could end on. With ``prefix_cache_retention_interval=0`` (vLLM 0.33's default) that is the run of
+  blocks just before each resume point, the prompt's replay boundary and the request's shared-prefix junction;
+  ``None`` names every full block (dense); a positive interval adds a run before every multiple of it. An unnamed
+  block goes to the head of the free queue when freed: nobody can hit it, so it is reused first.
 """
 
 from __future__ import annotations
@@ -69,16 +74,30 @@ class SingleTypeKVCacheManager:
         blocks.extend(new)
         return new
 
-    def cache_blocks(self, request_id, block_hashes: list, num_tokens: int) -> None:
-        """Name the blocks that are full once ``num_tokens`` tokens are computed (vLLM: ``cache_blocks``)."""
+    def cache_blocks(self, request, block_hashes: list, num_tokens: int, retention_interval: int | None = None, *,
+                     replay_boundaries=()) -> None:
+        """Name the blocks that are full once ``num_tokens`` tokens are computed, those the mask keeps (vLLM 0.33:
+        ``SingleTypeKVCacheManager.cache_blocks``). The resume points: ``replay_boundaries`` and the request's
+        shared-prefix junction (``request.shared_prefix_boundary``, 0 for none)."""
         if self.block_pool.prefix_caches is None:
             return
-        start = self.num_cached_block.get(request_id, 0)
+        start = self.num_cached_block.get(request.request_id, 0)
         end = min(num_tokens // self.block_size, len(block_hashes))
-        if end > start:
-            self.block_pool.cache_full_blocks(self.kv_cache_group_id, self.req_to_blocks[request_id], block_hashes,
-                                              start, end)
-            self.num_cached_block[request_id] = end
+        if end <= start:
+            return
+        boundaries = [*replay_boundaries]
+        if request.shared_prefix_boundary:
+            boundaries.append(request.shared_prefix_boundary)
+        block_mask = self.reachable_block_mask(start, end, self.kv_cache_spec, retention_interval, boundaries)
+        self.block_pool.cache_full_blocks(self.kv_cache_group_id, self.req_to_blocks[request.request_id],
+                                          block_hashes, start, end, block_mask)
+        self.num_cached_block[request.request_id] = end
+
+    @classmethod
+    def reachable_block_mask(cls, start_block: int, end_block: int, kv_cache_spec: AttentionSpec,
+                             retention_interval: int | None, reachable_boundaries) -> list[bool] | None:
+        """Which of blocks ``start_block .. end_block - 1`` to name; None names them all (full attention)."""
+        return None
 
     def remove_skipped_blocks(self, request_id, num_computed_tokens: int) -> list[int]:
         """Free the blocks wholly before the next token's window, tail of that range first, and put the null block
@@ -136,6 +155,33 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """With window 4 and 7 tokens computed, token 7 sees tokens 4..7: tokens 0..3 are skipped."""
         return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    @classmethod
+    def reachable_block_mask(cls, start_block, end_block, kv_cache_spec, retention_interval, reachable_boundaries):
+        """Name a block only if some hit can end on the run it belongs to (vLLM 0.33:
+        ``SlidingWindowManager.reachable_block_mask``, without EAGLE's extra block). A hit at token ``t`` (a
+        multiple of the block size) needs the ``need`` blocks just before it. ``None``: a hit may end at any block,
+        so every block is named. ``0``: only at the given boundaries (each floored to a block). A positive
+        interval: also at every multiple of it.
+
+        A window of 1 needs no block (``need == 0``): nothing is ever named, so the group never serves a hit. No
+        real model has such a window; vLLM's mask does this, so pagedkv's does too."""
+        block_size = kv_cache_spec.block_size
+        need = cdiv(kv_cache_spec.sliding_window - 1, block_size)
+        mask = [False] * (end_block - start_block)
+        segment_tokens = block_size if retention_interval is None else retention_interval or None
+        if segment_tokens is not None:  # a run before every segment boundary
+            per_segment = segment_tokens // block_size
+            if need >= per_segment:
+                return None  # the runs cover every block
+            for i in range(start_block, end_block):
+                mask[i - start_block] = i % per_segment >= per_segment - need
+        if retention_interval is not None:  # and a run before each resume point
+            for boundary in reachable_boundaries:
+                end = boundary // block_size
+                for j in range(max(start_block, end - need), min(end_block, end)):
+                    mask[j - start_block] = True
+        return mask
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, block_pool, kv_cache_spec):

@@ -8,7 +8,11 @@ and, with prefix caching, the start of its hash.  Bottom: each sequence's
 logical block table, entry ``i`` showing the physical block it maps to; a
 hybrid v1 snapshot has one table per KV cache group (``seq r · sliding 8``),
 and the null block, which stands for blocks that left a sliding window, is
-drawn dark and marked ``null`` in the pool and in the tables.
+drawn dark and marked ``null`` in the pool and in the tables. With prefix
+caching, a sliding group's blocks that hold no prefix-cache name (nobody can
+hit them; freed to the head of the free queue) are hatched, in the pool and
+in the tables: under vLLM 0.33's default retention, all but the few a later
+request can resume from.
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         _, ax = plt.subplots(figsize=(min(0.55 * width + 1, 16), min(0.55 * height + 1.2, 14)))
 
     fills, outlines, table_edges = _Rects("fills"), _Rects("block_outlines"), _Rects("table_outlines")
+    unnamed, hatched = (state.sliding_blocks(named=False) if state.prefix_caching else set()), _Rects("unnamed")
     x0 = 0.0
     for device in pools:
         blocks = state.device_blocks(device)
@@ -110,14 +115,18 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         for b in blocks:
             x, y = x0 + b.block_id % cols[device], b.block_id // cols[device]
             _cell(ax, b, x, y, state.block_size, colors, fills, labels, b.block_id == state.null_block)
+            if device == "gpu" and b.block_id in unnamed:
+                hatched.add(x, y, CELL, CELL, EDGE)
             ref = (device, b.block_id)
             color = HIGHLIGHT if ref in marked else SOURCE if ref in copied else EDGE
             outlines.add(x, y, CELL, CELL, color, 0.6 if color == EDGE else 2.2)
         x0 += cols[device] + 1
     if table_rows:
         _tables(ax, state, rows_of_tables, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels,
-                pitch)
+                pitch, unnamed, hatched)
     ax.add_collection(fills.collection(zorder=1))
+    if hatched.corners:
+        ax.add_collection(hatched.collection(zorder=2, filled=False, hatch="////"))
     ax.add_collection(outlines.collection(zorder=3, filled=False))
     ax.add_collection(table_edges.collection(zorder=3, filled=False))
     ax.set_xlim(-2.2 if table_rows else -0.5, width + 0.2)
@@ -129,7 +138,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     if key:
         add_block_map_key(ax.figure, highlight="red outline: the blocks the title is about" if marked else None,
                           source="purple outline: a copy's source" if copied else None,
-                          cached=bool(state.prefix_caching), null=state.null_block is not None)
+                          cached=bool(state.prefix_caching), null=state.null_block is not None,
+                          unnamed=bool(unnamed))
     return ax
 
 
@@ -147,8 +157,11 @@ class _Rects:
         self.colors.append(color)
         self.widths.append(width)
 
-    def collection(self, zorder, filled=True):
-        if filled:
+    def collection(self, zorder, filled=True, hatch=None):
+        if hatch:  # edges drawn thin: the hatch takes the edge colour
+            rects = PolyCollection(self.corners, facecolors="none", edgecolors=self.colors, linewidths=0,
+                                   hatch=hatch, zorder=zorder)
+        elif filled:
             rects = PolyCollection(self.corners, facecolors=self.colors, edgecolors="none", zorder=zorder)
         else:
             rects = PolyCollection(self.corners, facecolors="none", edgecolors=self.colors,
@@ -195,9 +208,9 @@ def _table_rows(state) -> list[tuple]:
             for name, table in zip(state.group_names, tables)]
 
 
-def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1):
+def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unnamed=frozenset(), hatched=None):
     """One row per sequence (and group): entry i is the physical block of logical block i ('c': a CPU block;
-    'null': the null block, for a block that left the sliding window)."""
+    'null': the null block, for a block that left the sliding window; hatched: an unnamed sliding block)."""
     ax.text(0, top - 0.35, "block tables", fontsize=9, weight="bold")
     for r, (seq, label, table) in enumerate(rows):
         y = top + r * pitch
@@ -209,17 +222,21 @@ def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1):
         if not labels:  # large maps: a thin coloured bar per entry (text is slow to render)
             for i, block_id in enumerate(table):
                 fills.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, NULL if block_id == state.null_block else color)
+                if block_id in unnamed and "sliding" in label:
+                    hatched.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, EDGE)
             continue
         for i, block_id in enumerate(table):
             is_null = block_id == state.null_block
             fills.add(i, y + 0.1, CELL, 0.8, NULL if is_null else color)
+            if block_id in unnamed and "sliding" in label:
+                hatched.add(i, y + 0.1, CELL, 0.8, EDGE)
             outlines.add(i, y + 0.1, CELL, 0.8, EDGE, 0.6)
             ax.text(i + 0.45, y + 0.5, "null" if is_null else f"{block_id}{suffix}", ha="center", va="center",
                     fontsize=7 if is_null else 8, color="white" if is_null else "black", zorder=4)
 
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
-                      ncol: int = 2, null: bool = False, sequences: dict | None = None):
+                      ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False):
     """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
     (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
     ends with it shows no legend object; the key is ``fig.legends[-1]``."""
@@ -240,6 +257,10 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
         handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash (bottom)")]
     if null:
         handles += [Patch(facecolor=NULL, edgecolor=EDGE, label="null block: stands for a block that left the window")]
+    if unnamed:
+        handles += [Patch(facecolor="white", edgecolor=EDGE, hatch="////", label="hatched: a sliding block with no "
+                          "hash (nobody can hit it; freed to the queue's head)"),
+                    blank("sliding block not hatched: named (hashed), a later request can resume from it")]
     if sequences:
         handles += [Patch(facecolor=color, edgecolor=EDGE, label=f"seq {seq_name(seq)}")
                     for seq, color in sequences.items()]

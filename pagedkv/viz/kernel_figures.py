@@ -1,4 +1,4 @@
-"""Pictures of the paged attention kernel (notebook 07), each with the text it draws.
+"""Pictures of the paged attention kernels (notebooks 08 and 11), each with the text it draws.
 
 Every figure is computed from the package: the thread-group arithmetic from
 ``kernels.cuda_vllm.thread_group_layout``, block tables from a real cache, the
