@@ -18,7 +18,7 @@ import os
 import time
 
 from pagedkv import LLMEngine
-from pagedkv.model import load_smollm2
+from pagedkv.model import load_smollm2, load_tiny
 
 from _common import machine, python_speed
 
@@ -33,17 +33,22 @@ def serve_chat(model, tokenizer, conversations, turns, max_tokens, pool, **offlo
     """Every conversation's turns, round by round (each round: every conversation's next turn at once). Returns
     (answers per round, seconds, engine stats, useful tokens, the last prompts, CPU tier blocks)."""
     engine = LLMEngine(model, version="v1", **pool, **offload)
-    history = [tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q in FIRST[:conversations]]
-    eos, rounds, useful = tokenizer.eos_token_id, [], 0
+    chat = hasattr(tokenizer, "apply_chat_template") and getattr(tokenizer, "chat_template", None)
+    history = [tokenizer.apply_chat_template([{"role": "user", "content": q}]) if chat else tokenizer.encode(q + " ")
+               for q in FIRST[:conversations]]
+    eos, rounds, useful = getattr(tokenizer, "eos_token_id", None), [], 0
     start = time.perf_counter()
     for turn in range(turns):
         answers = engine.generate(history, max_tokens)
         rounds.append(answers)
         useful += sum(len(a) for a in answers)
         if turn + 1 < turns:
-            follow = tokenizer.encode("\n<|im_start|>user\n" + FOLLOW_UPS[turn % len(FOLLOW_UPS)] +
-                                      "<|im_end|>\n<|im_start|>assistant\n")
-            history = [h + a + ([] if a[-1:] == [eos] else [eos]) + follow for h, a in zip(history, answers)]
+            question = FOLLOW_UPS[turn % len(FOLLOW_UPS)]
+            if chat:
+                follow = tokenizer.encode("\n<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\n")
+                history = [h + a + ([] if a[-1:] == [eos] else [eos]) + follow for h, a in zip(history, answers)]
+            else:
+                history = [h + a + tokenizer.encode(" " + question + " ") for h, a in zip(history, answers)]
     seconds = time.perf_counter() - start
     connector = engine.scheduler.connector
     return rounds, seconds, engine.stats, useful, history, connector.num_cpu_blocks if connector else "-"
@@ -51,6 +56,7 @@ def serve_chat(model, tokenizer, conversations, turns, max_tokens, pool, **offlo
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--conversations", type=int, default=6)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -58,7 +64,7 @@ def main():
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.01, 0.03, 0.1], help="CPU tiers in GiB")
     args = parser.parse_args()
     print(machine(), f"| load average {os.getloadavg()[0]:.1f} | python loop {python_speed():.2f} s")
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_smollm2() if args.model == "smollm2" else load_tiny()
     # the pool runs two conversations at their longest (max_num_seqs=2) and keeps little more between turns
     longest = 40 + args.turns * (args.max_tokens + 20)
     blocks_per_conversation = -(-longest // args.block_size)
@@ -70,7 +76,8 @@ def main():
     answers = [r[0] for r in runs.values()]
     assert all(a == answers[0] for a in answers), "offloading changed an answer"
     prompts = sum(len(h) for h in runs["no CPU tier"][4])  # the last round's prompts
-    print(f"{args.conversations} conversations x {args.turns} turns, at most {args.max_tokens} tokens an answer; "
+    print(f"{args.model}: {args.conversations} conversations x {args.turns} turns, at most {args.max_tokens} tokens "
+          "an answer; "
           f"GPU pool {pool['num_gpu_blocks']} blocks of {args.block_size} (two conversations running), last round's "
           f"prompts {prompts} tokens in all; answers equal in every run")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
