@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import queue
 import threading
 import time
@@ -50,6 +51,8 @@ from .v1 import AsyncScheduler, KVCacheManager, beam_search
 from .v1 import Scheduler as V1Scheduler
 from .v1 import SchedulerOutput as V1SchedulerOutput
 from .v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+from .v1.kv_connector import KVConnectorOutput, KVConnectorRole, OffloadingConnector
+from .v1.kv_offload.cpu import cpu_chunk_bytes, cpu_num_chunks
 from .v1.spec_decode import NgramProposer, SpeculativeConfig
 from .validate import check_choice, check_hashable, check_int, is_list_like
 
@@ -74,6 +77,11 @@ class EngineStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list = dataclasses.field(default_factory=list)  # drafts accepted up to i
+    # v1 with a CPU tier (kv_offloading_size / kv_offloading_blocks), in tokens
+    num_offload_stored_tokens: int = 0  # copied from GPU blocks to the CPU tier
+    num_offload_evicted_tokens: int = 0  # dropped by the CPU tier to make room
+    num_offload_loaded_tokens: int = 0  # copied back from the CPU tier into fresh GPU blocks
+    num_offload_saved_tokens: int = 0  # prompt tokens not computed, because they came back from the CPU tier
 
     @property
     def acceptance_rate(self) -> float:
@@ -187,7 +195,8 @@ class LLMEngine:
                  backend: str = "auto", block_manager: BlockSpaceManager | None = None, version: str = "v0",
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
                  prefix_cache_retention_interval: int | None = 0, speculative_config: dict | None = None,
-                 async_scheduling: bool = False):
+                 async_scheduling: bool = False, kv_offloading_size: float | None = None,
+                 kv_offloading_blocks: int | None = None):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
@@ -203,7 +212,10 @@ class LLMEngine:
         sequences beside hand-made ones); by default the engine makes its own.
         ``speculative_config`` (v1): ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a,
         "prompt_lookup_max": b}`` (vLLM's keys): each step verifies up to ``k`` prompt-lookup drafts per request in
-        the same forward; the tokens are those decoding without it produces."""
+        the same forward; the tokens are those decoding without it produces.
+        ``kv_offloading_size`` (GiB, vLLM 0.33's ``--kv-offloading-size``) or ``kv_offloading_blocks`` (v1): a CPU
+        tier of KV blocks behind the GPU pool, reached through vLLM's native ``OffloadingConnector``
+        (``pagedkv.v1.kv_connector``)."""
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
@@ -214,6 +226,15 @@ class LLMEngine:
                                     "pass version='v1'.")
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
         _check_async_scheduling(async_scheduling, version, speculative_config)
+        if version == "v0" and (kv_offloading_size is not None or kv_offloading_blocks is not None):
+            raise PagedKVValueError("kv_offloading_size / kv_offloading_blocks add a CPU tier through vLLM today's KV "
+                                    "connector: pass version='v1' (v0 moves blocks to CPU by swapping: "
+                                    "num_cpu_blocks with preemption_mode='swap').")
+        offloading = kv_offloading_size is not None or kv_offloading_blocks is not None
+        if offloading and (async_scheduling is True or speculative_config is not None):
+            raise PagedKVValueError("kv_offloading_size / kv_offloading_blocks with async_scheduling or "
+                                    "speculative_config: pagedkv runs the CPU tier with the synchronous loop and "
+                                    "no drafts only (vLLM 0.33 combines them); turn one of them off.")
         config = model.config
         self.model = model.eval()
         self.backend = backend
@@ -224,15 +245,19 @@ class LLMEngine:
             _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager)
             self.block_manager = None
             self.kv_cache_groups = kv_cache_groups_for(config, block_size, next(model.parameters()).dtype)
-            self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks,
-                                                   True if enable_prefix_caching is None else enable_prefix_caching,
+            num_offload_blocks = _num_offload_blocks(kv_offloading_size, kv_offloading_blocks, self.kv_cache_groups)
+            caching = True if enable_prefix_caching is None else enable_prefix_caching
+            self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks, caching,
                                                    self.kv_cache_groups, max_num_batched_tokens,
                                                    prefix_cache_retention_interval)
+            connector = OffloadingConnector(KVConnectorRole.SCHEDULER, block_size, num_offload_blocks,
+                                            enable_prefix_caching=caching) if num_offload_blocks else None
             scheduler_cls = AsyncScheduler if async_scheduling else V1Scheduler  # vLLM: get_scheduler_cls
             self.scheduler = scheduler_cls(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
                                            long_prefill_token_threshold, scheduler_reserve_full_isl,
                                            num_spec_tokens=spec.num_speculative_tokens if spec else 0,
-                                           num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
+                                           num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0,
+                                           connector=connector)
         else:
             if long_prefill_token_threshold:
                 raise PagedKVValueError("long_prefill_token_threshold chunks prompts, which only the v1 scheduler "
@@ -261,8 +286,15 @@ class LLMEngine:
         for group_id, group in enumerate(self.kv_cache_groups):
             for layer in group.layer_names:
                 self.layer_group[layer] = group_id
+        connector = self.scheduler.connector if version == "v1" else None
+        num_offload_blocks = connector.num_cpu_blocks if connector is not None else 0
         self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
-                                   num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
+                                   num_cpu_blocks or num_offload_blocks, dtype)
+                       for _ in range(config.num_hidden_layers)]
+        self.kv_connector = None  # the worker side of the KV connector: copies between the two pools of every layer
+        if num_offload_blocks:
+            self.kv_connector = OffloadingConnector(KVConnectorRole.WORKER, block_size, num_offload_blocks)
+            self.kv_connector.register_kv_caches(self.caches)
         self.block_size = block_size
         self.speculative_config = spec
         self.drafter = None if spec is None else NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max,
@@ -402,6 +434,9 @@ class LLMEngine:
                 self.step()
             while self.batch_queue and not self.has_unfinished_requests():
                 self.step()  # async: the step in flight for requests that are done already (its output dropped)
+            while (self.kv_connector is not None and self.scheduler.has_requests()
+                   and not self.has_unfinished_requests()):
+                self.step()  # vLLM's engine core steps on while the connector completes its copies
         except BaseException:
             self._shutdown_worker()  # never leave the forward thread behind
             raise
@@ -428,16 +463,18 @@ class LLMEngine:
         """v1: each scheduled request runs its chunk; those whose chunk reaches their last token sample."""
         out = self.scheduler.schedule()
         self._count_v1(out)
+        self._start_kv_transfers(out)
         if out.is_empty:
             if not out.preempted_req_ids:
                 self._ignore_stuck_v1()
+            self.scheduler.update_from_output(out, {}, self._finish_kv_transfers(out))
             return out
         chunks, drafts = self._chunks_v1(out), out.scheduled_spec_decode_tokens
         sampling = self.scheduler.sampling_request_ids(out)
         num_rows = {r: 1 + len(drafts.get(r, ())) for r in sampling}  # a draft's rows and the one after it
         logits = self._forward(chunks, sampling, num_rows)
         sampled = self._sample_spec(out, sampling, logits) if drafts else self._sample(sampling, logits)
-        self.scheduler.update_from_output(out, sampled)
+        self.scheduler.update_from_output(out, sampled, self._finish_kv_transfers(out))
         if self.drafter is not None:
             self._propose_drafts(sampled)
             spec = self.scheduler.spec_decoding_stats  # the scheduler observed every draft it verified
@@ -583,12 +620,30 @@ class LLMEngine:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    def _start_kv_transfers(self, out: V1SchedulerOutput) -> None:
+        """Before the forward pass, the KV connector's copies (vLLM 0.33: the model runner's
+        ``handle_preemptions`` and ``start_load_kv``)."""
+        if self.kv_connector is not None:
+            self.kv_connector.handle_preemptions(out.kv_connector_metadata)
+            self.kv_connector.start_load_kv(out.kv_connector_metadata)
+
+    def _finish_kv_transfers(self, out: V1SchedulerOutput) -> KVConnectorOutput | None:
+        """After it: the stores of K/V this step wrote, and what completed (vLLM: ``wait_for_save``,
+        ``get_finished``)."""
+        if self.kv_connector is None:
+            return None
+        self.kv_connector.wait_for_save(out.kv_connector_metadata)
+        finished_sending, finished_recving = self.kv_connector.get_finished(out.finished_req_ids)
+        return KVConnectorOutput(finished_sending, finished_recving, self.kv_connector.build_connector_worker_meta())
+
     def _ignore_stuck_v1(self) -> None:
         """Nothing ran and nothing runs: the first waiting request cannot fit even an empty pool. vLLM rejects such
         a request up front (``max_model_len``); here it finishes with what it has, with a warning."""
         kv = self.kv_cache_manager
         if not self.scheduler.requests or self.scheduler.running or kv.num_used_blocks:
             return
+        if self.scheduler.connector is not None and self.scheduler.connector.has_pending_push_work():
+            return  # a request waits for a copy to complete
         request_id = self.scheduler.waiting[0]
         self.scheduler.finish_ignored(request_id)
         self._warn_ignored(request_id)
@@ -698,6 +753,12 @@ class LLMEngine:
         self.stats.num_prefix_cached_tokens += sum(self.scheduler.requests[r].num_cached_tokens
                                                    for r in out.scheduled_new_reqs)
         self.stats.peak_gpu_blocks = max(self.stats.peak_gpu_blocks, kv.num_used_blocks)  # any group's blocks
+        if self.scheduler.connector is not None:
+            tier, block_size = self.scheduler.connector.connector_scheduler, self.block_size
+            self.stats.num_offload_stored_tokens = tier.manager.num_stored_chunks * block_size
+            self.stats.num_offload_evicted_tokens = tier.manager.num_evicted_chunks * block_size
+            self.stats.num_offload_loaded_tokens = tier.num_loaded_tokens
+            self.stats.num_offload_saved_tokens = self.scheduler.num_external_computed_tokens
 
     def __repr__(self) -> str:
         return f"LLMEngine(version={self.version!r}, block_size={self.block_size}, {self.scheduler!r})"
@@ -745,6 +806,33 @@ def _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager
     if block_manager is not None:
         raise PagedKVValueError("block_manager is a v0 BlockSpaceManager; a v1 engine makes its own "
                                 "pagedkv.v1.KVCacheManager.")
+
+
+def _num_offload_blocks(kv_offloading_size, kv_offloading_blocks, kv_cache_groups) -> int:
+    """The CPU tier's size in blocks (0: none), from GiB as vLLM 0.33 sizes it or given in blocks."""
+    if kv_offloading_size is not None and kv_offloading_blocks is not None:
+        raise PagedKVValueError(f"kv_offloading_size={kv_offloading_size!r} and kv_offloading_blocks="
+                                f"{kv_offloading_blocks!r}: size the CPU tier one way, in GiB or in blocks.")
+    if kv_offloading_size is None and kv_offloading_blocks is None:
+        return 0
+    if any(group.sliding_window is not None for group in kv_cache_groups):
+        raise PagedKVValueError("this model has sliding-window layers; pagedkv's offloading connector keeps "
+                                "full-attention groups only (vLLM 0.33 offloads a sliding group's window too): run it "
+                                "without kv_offloading_size / kv_offloading_blocks.")
+    if kv_offloading_blocks is not None:
+        return check_int("kv_offloading_blocks", kv_offloading_blocks, minimum=1)
+    if isinstance(kv_offloading_size, bool) or not isinstance(kv_offloading_size, (int, float)) \
+            or not math.isfinite(kv_offloading_size) or kv_offloading_size <= 0:
+        raise PagedKVValueError(f"kv_offloading_size must be a positive number of GiB (e.g. 0.5), got "
+                                f"{kv_offloading_size!r}.")
+    bytes_per_block = sum(group.page_size_bytes for group in kv_cache_groups)
+    num_blocks = cpu_num_chunks(kv_offloading_size, bytes_per_block)
+    if num_blocks < 1:
+        raise PagedKVValueError(f"kv_offloading_size={kv_offloading_size} GiB holds no block: one block of every "
+                                f"layer takes {cpu_chunk_bytes(bytes_per_block)} bytes (padded to the host page). Give "
+                                f"at least {cpu_chunk_bytes(bytes_per_block) / (1 << 30):.3g} GiB, or "
+                                "kv_offloading_blocks=N.")
+    return num_blocks
 
 
 def _check_same_sizes(manager, block_size, num_gpu_blocks, num_cpu_blocks) -> BlockSpaceManager:

@@ -147,3 +147,29 @@ def render_state(state: ManagerState) -> str:
         lines.append(f"  prefix cache: {s['hits']} hits, {s['misses']} misses, "
                      f"{s['evictions']} evictions, hit rate {s['hit_rate']:.0%}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ChunkState:
+    """One chunk of a CPU offloading tier at the moment of the snapshot."""
+
+    chunk_id: int
+    block_hash: str  # the key: the hash of the GPU block it copies
+    ready: bool  # its store completed (a lookup answers HIT, not HIT_PENDING)
+    ref_count: int  # loads reading it now
+    evict_position: int  # 0 = evicted first when the tier needs room
+
+
+@dataclass(frozen=True)
+class OffloadState:
+    """Everything needed to draw a CPU offloading tier (``OffloadingConnector.snapshot()``)."""
+
+    num_cpu_blocks: int
+    block_size: int
+    chunks: tuple  # ChunkState of every stored key, in chunk-id order
+    num_stored: int = 0  # chunks stored so far (tokens: times block_size)
+    num_loaded: int = 0
+    num_evicted: int = 0
+
+    def chunk_of(self, block_hash: str) -> int | None:
+        return next((c.chunk_id for c in self.chunks if c.block_hash == block_hash), None)

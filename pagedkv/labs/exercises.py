@@ -671,6 +671,79 @@ def _stale_token_delivered():
     return len(b.output_token_ids), b.num_computed_tokens
 
 
+# --------------------------------------- kv_offloading
+def _two_tier_hit(gpu_blocks=(0, 1), cpu_blocks=(0, 2, 3, 4)):
+    """Block size 4, a 20-token prompt P (blocks P0..P4). The GPU pool still caches P0 and P1 (free, named); the CPU
+    tier holds P0, P2, P3 and P4. Replayed on v1's scheduler with the offloading connector: (prompt tokens served by
+    the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens the model computes once the load landed)."""
+    from ..v1 import KVCacheManager, Scheduler
+    from ..v1.kv_connector import KVConnectorOutput, KVConnectorRole, OffloadingConnector
+    from ..v1.kv_connector.offloading.common import OffloadingWorkerMetadata
+    from ..v1.kv_offload.base import ReqContext, make_offload_key
+    from ..v1.scheduler import Request
+
+    prompt = list(range(100, 120))
+    kv = KVCacheManager(4, 16)
+    connector = OffloadingConnector(KVConnectorRole.SCHEDULER, block_size=4, num_cpu_blocks=8)
+    scheduler = Scheduler(kv, connector=connector)
+    earlier = Request("earlier", prompt, max_tokens=1)  # an earlier request left these blocks behind
+    kv.allocate_slots(earlier, 20)
+    hashes = [h for h, _, _ in kv.req_to_hashes["earlier"]]
+    for i, block_id in enumerate(kv.get_block_ids("earlier")):
+        if i not in gpu_blocks:
+            kv.block_pool.prefix_caches[0].evict(block_id)
+    kv.free(earlier)
+    keys = [make_offload_key(hashes[i], 0) for i in cpu_blocks]
+    context = ReqContext("earlier")
+    connector.manager.prepare_store(keys, context)
+    connector.manager.complete_store(keys, context)
+    scheduler.add_request("P", prompt, 4)
+    out = scheduler.schedule()
+    request = scheduler.requests["P"]
+    from_gpu, from_cpu = request.num_cached_tokens, request.num_computed_tokens - request.num_cached_tokens
+    done = OffloadingWorkerMetadata(set(out.kv_connector_metadata.load_jobs))
+    scheduler.update_from_output(out, {}, KVConnectorOutput(set(), {"P"} if from_cpu else set(), done))
+    out = scheduler.schedule()
+    return from_gpu, from_cpu, out.num_scheduled_tokens["P"]
+
+
+def _blocks_stored_by_a_turn(gpu_hit_blocks: int = 2, cpu_hit_blocks: int = 3):
+    """Block size 8, a 58-token prompt and a 20-token answer. The GPU prefix cache serves blocks 0-1; the CPU tier
+    holds blocks 2-4 and loads them. Replayed on v1's scheduler with the offloading connector (every copy done
+    within its step): the indices of the request's blocks this turn stores in the CPU tier."""
+    from ..v1 import KVCacheManager, Scheduler
+    from ..v1.kv_connector import KVConnectorOutput, KVConnectorRole, OffloadingConnector
+    from ..v1.kv_connector.offloading.common import OffloadingWorkerMetadata
+    from ..v1.kv_offload.base import ReqContext, make_offload_key
+    from ..v1.scheduler import Request
+
+    prompt = list(range(200, 258))
+    kv = KVCacheManager(8, 32)
+    connector = OffloadingConnector(KVConnectorRole.SCHEDULER, block_size=8, num_cpu_blocks=32)
+    scheduler = Scheduler(kv, connector=connector)
+    earlier = Request("earlier", prompt, max_tokens=1)  # an earlier request left these blocks behind
+    kv.allocate_slots(earlier, len(prompt))
+    hashes = [h for h, _, _ in kv.req_to_hashes["earlier"]]
+    for block_id in kv.get_block_ids("earlier")[gpu_hit_blocks:]:
+        kv.block_pool.prefix_caches[0].evict(block_id)
+    kv.free(earlier)
+    keys = [make_offload_key(h, 0) for h in hashes]
+    stored_before = keys[gpu_hit_blocks:gpu_hit_blocks + cpu_hit_blocks]
+    connector.manager.prepare_store(stored_before, ReqContext("earlier"))
+    connector.manager.complete_store(stored_before)
+    scheduler.add_request("turn", prompt, 20)
+    while scheduler.has_requests():
+        out = scheduler.schedule()
+        meta = out.kv_connector_metadata
+        done = OffloadingWorkerMetadata(set(meta.load_jobs) | set(meta.store_jobs))
+        loaded = {job.req_id for job in meta.load_jobs.values()}
+        sampled = {r: 7 for r in scheduler.sampling_request_ids(out)}
+        scheduler.update_from_output(out, sampled, KVConnectorOutput(set(), loaded, done))
+    request_keys = [make_offload_key(h, 0) for h, _, _ in kv.block_hashes(Request("x", prompt + [7] * 20, 1), 78)]
+    return [i for i, key in enumerate(request_keys) if key in connector.manager.policy.chunks
+            and key not in stored_before]
+
+
 EXERCISES: dict[str, Exercise] = {
     "tp4-blocks-per-gpu": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4",
                       notebook="block_size_arithmetic", expected=_tp4_blocks_per_gpu,
@@ -907,6 +980,29 @@ EXERCISES: dict[str, Exercise] = {
                                  "could reuse them, so its token is real and joins B's output."),
                                 (lambda: (2, 5), "the preemption reset num_computed_tokens to 0, and a stale output "
                                  "moves no counter: B recomputes everything when it comes back."))),
+    "offload-two-tier-hit": Exercise(
+        "(prompt tokens from the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens computed)",
+        notebook="kv_offloading", expected=_two_tier_hit,
+        hint="the GPU lookup comes first and stops at its first missing block (and at num_tokens - 1); the connector "
+             "is asked only for what comes after that, again as a run with no gap, but up to num_tokens; a request "
+             "whose every prompt token is computed still needs logits for its last one.",
+        mistakes=((lambda: (8, 8, 4), "the CPU tier's hit is not capped at num_tokens - 1: the connector may offer "
+                   "the whole prompt; the scheduler then recomputes just the last token."),
+                  (lambda: (8, 12, 0), "with every prompt token loaded, the model still runs on the last one to get "
+                   "the logits of the first output token."),
+                  (lambda: (8, 0, 12), "the CPU lookup does not start at token 0: it starts after the GPU hit, so the "
+                   "block missing from the CPU tier is one the GPU already serves."))),
+    "offload-blocks-stored-by-a-turn": Exercise(
+        "the indices of the request's blocks it stores in the CPU tier", notebook="kv_offloading",
+        expected=_blocks_stored_by_a_turn,
+        hint="only full blocks of the prompt are stored (offload_prompt_only); a request whose hit was loaded from "
+             "the CPU tier starts storing after the loaded blocks (they are there already).",
+        mistakes=((lambda: [5, 6, 7, 8, 9], "blocks that hold generated tokens are not stored: offload_prompt_only "
+                   "is on by default."),
+                  (lambda: [5, 6, 7], "block 7 holds the prompt's last 2 tokens and generated ones: only full prompt "
+                   "blocks are stored."),
+                  (lambda: [0, 1, 5, 6], "blocks 0 and 1 came from the GPU prefix cache, and the connector's store "
+                   "pointer starts after the chunks it loaded: it never offers them."))),
 }
 
 

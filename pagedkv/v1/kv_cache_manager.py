@@ -21,6 +21,9 @@ What changed since v0's ``BlockSpaceManager``:
   (``can_fit_full_sequence``: ``request.num_tokens``, the prompt plus any outputs a resumed request has),
   not just its first chunk; a sliding-window group counts at most the blocks it can ever hold
   (``SlidingWindowSpec.max_admission_blocks_per_request``).
+* ``num_external_computed_tokens``: tokens a KV connector supplies after the prefix hit (a CPU tier's blocks, say)
+  get fresh blocks like any new token, and count against the admission gate like them; with
+  ``delay_cache_blocks`` (an asynchronous load) their blocks are named only once the load lands (``cache_blocks``).
 * ``free`` returns blocks tail first: those with a hash join the tail of the free queue (reused last, so a
   cached prefix stays longest), those without go to the head (reused first), as ``BlockPool.free_blocks``.
 * A hybrid model's layers fall into KV cache groups (``kv_cache_interface.py``), each with its own block table per
@@ -181,7 +184,8 @@ class KVCacheManager:
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_block_ids=None, num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False):
+                       full_sequence_must_fit: bool = False, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, reserved_blocks: int = 0):
         """Slots for ``num_new_tokens`` after the request's computed tokens (and its new cache hits).
 
         ``num_new_tokens`` may include draft tokens (speculative decoding): they get slots like any token, but only
@@ -193,20 +197,23 @@ class KVCacheManager:
         fails: they are no longer needed either way). Returns the blocks newly taken from the free queue (a list,
         one per group for several), or None when there are not enough free blocks, or, with
         ``full_sequence_must_fit``, when ``can_fit_full_sequence`` says no; then nothing else changed.
+        ``num_external_computed_tokens`` (a KV connector's, after the hit) need fresh blocks; ``delay_cache_blocks``
+        leaves the new blocks unnamed (their K/V arrives later); ``reserved_blocks`` must stay free (vLLM 0.33's
+        gate for an asynchronous load: the blocks admitted prefills still need).
         """
         check_int("num_new_tokens", num_new_tokens, minimum=0)
         check_int("num_lookahead_tokens", num_lookahead_tokens, minimum=0)
         hits = self._hits_by_group(new_computed_block_ids)
         request_id, coordinator = request.request_id, self.coordinator
-        if full_sequence_must_fit and not self.can_fit_full_sequence(request, new_computed_block_ids,
-                                                                     num_new_computed_tokens):
+        if full_sequence_must_fit and not self.can_fit_full_sequence(
+                request, new_computed_block_ids, num_new_computed_tokens + num_external_computed_tokens):
             return None
-        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
         # on the processed-token basis: a step in flight (async scheduling) still reads its own window
         coordinator.remove_skipped_blocks(request_id, max(0, num_computed - request.num_in_flight_tokens))
         num_tokens_need_slot = num_computed + num_new_tokens + num_lookahead_tokens
         needed = coordinator.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hits, num_computed)
-        if needed > self.num_free_blocks:
+        if needed > self.num_free_blocks - reserved_blocks:
             return None
         is_new = request_id not in self.num_slots
         if is_new:
@@ -217,10 +224,8 @@ class KVCacheManager:
                 self.block_pool.stats.misses += request.num_tokens // self.block_size - num_hits
         new = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
         self.num_slots[request_id] = num_computed + num_new_tokens
-        num_cached = min(num_computed + num_new_tokens, request.num_tokens)
-        if self.block_pool.prefix_caches is not None:
-            hashes = self.req_to_hashes[request_id] = self.block_hashes(request, num_cached)
-            coordinator.cache_blocks(request, hashes, num_cached)
+        if not delay_cache_blocks:
+            self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
         return self._per_group(new)
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:

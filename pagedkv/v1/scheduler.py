@@ -33,6 +33,12 @@ Under async scheduling (``AsyncScheduler``, ``async_scheduler.py``) a request's 
 them; ``update_from_output`` resolves them, and forgets them for a request that was preempted or finished with a
 step in flight (vLLM 0.33: the "stale" output of ``_preempt_request`` and ``update_from_output``). Synchronously
 there is never a placeholder, and every line below does what it did before.
+
+With a KV connector (``connector``, e.g. ``kv_connector.OffloadingConnector``), admission asks it, after the GPU
+prefix hit, for more computed tokens (``get_num_new_matched_tokens``: ``num_external_computed_tokens``); a request
+whose tokens arrive asynchronously gets its blocks and waits in ``WAITING_FOR_REMOTE_KVS`` (in a queue of requests
+holding blocks, served before ``waiting``) until the load lands. The hooks are called where 0.33 calls them
+(``vllm/distributed/kv_transfer/kv_connector/v1/base.py`` lists them).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from ..errors import DuplicateSequenceError, PagedKVValueError
 from ..sampling import SamplingParams
 from ..validate import check_hashable, check_int, check_token_ids
 from .kv_cache_manager import KVCacheManager
+from .kv_connector.base import KVConnectorBase_V1
 from .spec_decode.metrics import SpecDecodingStats
 
 
@@ -52,6 +59,7 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, to be recomputed
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # holds its blocks while a KV connector loads into them
     FINISHED = "finished"
     FINISHED_ABORTED = "finished_aborted"  # finish_requests: the caller gave up on it (vLLM: abort_request)
 
@@ -103,6 +111,8 @@ class SchedulerOutput:
     scheduled_running_reqs: list = field(default_factory=list)  # were running already
     preempted_req_ids: list = field(default_factory=list)
     scheduled_spec_decode_tokens: dict = field(default_factory=dict)  # request_id -> draft tokens to verify
+    finished_req_ids: set = field(default_factory=set)  # finished since the last step (for the KV connector)
+    kv_connector_metadata: object = None  # the connector's plan for this step's loads and stores
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -118,14 +128,16 @@ class Scheduler:
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
-                 num_spec_tokens: int = 0, num_lookahead_tokens: int = 0):
+                 num_spec_tokens: int = 0, num_lookahead_tokens: int = 0,
+                 connector: KVConnectorBase_V1 | None = None):
         """``scheduler_reserve_full_isl`` (vLLM 0.33's ``SchedulerConfig`` setting, on by default): admit a
         waiting or preempted request only if its full input sequence (``num_tokens``) fits the free blocks, not just
         its first chunk
         ("prevents over-admission and KV cache thrashing with chunked prefill").
         ``num_spec_tokens``: the most drafts a request verifies per step (0: no speculation);
         ``num_lookahead_tokens``: slots reserved past the scheduled tokens for a drafter's own K/V (vLLM's
-        ``VllmConfig.num_lookahead_tokens``; 0 for n-gram)."""
+        ``VllmConfig.num_lookahead_tokens``; 0 for n-gram);
+        ``connector``: a scheduler-side KV connector, or None."""
         if not isinstance(kv_cache_manager, KVCacheManager):
             raise PagedKVValueError(f"kv_cache_manager must be a pagedkv.v1.KVCacheManager, got "
                                     f"{type(kv_cache_manager).__name__}.")
@@ -141,12 +153,23 @@ class Scheduler:
         self.num_spec_tokens = check_int("num_spec_tokens", num_spec_tokens, minimum=0)
         self.num_lookahead_tokens = check_int("num_lookahead_tokens", num_lookahead_tokens, minimum=0)
         self.spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)  # every draft verified so far
+        if connector is not None and not isinstance(connector, KVConnectorBase_V1):
+            raise PagedKVValueError(f"connector must be a pagedkv.v1.kv_connector.KVConnectorBase_V1 (scheduler role) "
+                                    f"or None, got {type(connector).__name__}.")
+        self.connector = connector
+        if connector is not None:
+            connector.bind_kv_cache_manager(kv_cache_manager)
         self.requests: dict = {}  # request_id -> Request, every unfinished one
         self.finished: dict = {}  # request_id -> its output token ids, in finishing order
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._kv_holding_waiting: deque[Request] = deque()  # waiting requests that hold blocks (a KV load)
+        self._inflight_prefills: set = set()  # admitted, prefill not done: their blocks are promised
+        self.finished_req_ids: set = set()
+        self.finished_recving_kv_req_ids: set = set()
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens thrown away by preemptions (computed again later)
+        self.num_external_computed_tokens = 0  # tokens a KV connector's loads supplied (not computed here)
 
     @property
     def prefix_cache_retention_interval(self) -> int | None:
@@ -156,7 +179,7 @@ class Scheduler:
 
     @property
     def waiting(self) -> list:
-        return [r.request_id for r in self._waiting]
+        return [r.request_id for r in (*self._kv_holding_waiting, *self._waiting)]
 
     @property
     def running(self) -> list:
@@ -164,6 +187,12 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def has_requests(self) -> bool:
+        """Unfinished requests, or a KV connector with work left (finished requests' stores, copies in flight): the
+        engine keeps stepping until it is done (vLLM 0.33: ``Scheduler.has_requests``)."""
+        return self.has_unfinished_requests() or (self.connector is not None and (
+            bool(self.finished_req_ids) or self.connector.has_pending_push_work()))
 
     def add_request(self, request_id, prompt_token_ids, params, stop_token_ids=()) -> None:
         """Queue a request at the back of ``waiting``. ``params``: an int ``max_tokens``, or ``SamplingParams``
@@ -184,6 +213,8 @@ class Scheduler:
         request = Request(request_id, tokens, max_tokens, frozenset(stop))
         self.requests[request_id] = request
         self._waiting.append(request)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
 
     # ---------------------------------------------------------------- one step
     def schedule(self) -> SchedulerOutput:
@@ -192,6 +223,9 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens, threshold)
         if not out.preempted_req_ids:  # vLLM admits nobody in a step that had to preempt
             self._schedule_waiting(out, budget, threshold)
+        out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+        if self.connector is not None:  # plan the step's loads and stores, before the counts below move
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         self._update_after_schedule(out)
         return out
 
@@ -202,6 +236,8 @@ class Scheduler:
             request = self.requests[request_id]
             request.num_computed_tokens += num_tokens
             request.num_in_flight_tokens += num_tokens
+            if request.num_computed_tokens >= request.num_tokens:
+                self._inflight_prefills.discard(request)
             request.is_prefill_chunk = request.num_computed_tokens < (request.num_tokens
                                                                       + request.num_output_placeholders)
 
@@ -209,7 +245,8 @@ class Scheduler:
         """This step's cap on a chunk: ``long_prefill_token_threshold``, or 0 (none) when at most one request is
         running or waiting as the step begins, since a lone request starves nobody (vLLM 0.33: the start of
         ``Scheduler.schedule``)."""
-        return self.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
+        num_waiting = len(self._waiting) + len(self._kv_holding_waiting)
+        return self.long_prefill_token_threshold if len(self._running) + num_waiting > 1 else 0
 
     @staticmethod
     def _chunk(request: Request, num_computed: int, budget: int, threshold: int) -> int:
@@ -252,25 +289,91 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int) -> None:
-        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
-            request = self._waiting[0]
-            hits, num_cached = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = self._chunk(request, num_cached, budget, threshold)
-            if self.kv_cache_manager.allocate_slots(request, num_new, num_cached, hits,
-                                                    num_lookahead_tokens=self.num_lookahead_tokens,
-                                                    full_sequence_must_fit=self.scheduler_reserve_full_isl) is None:
+        """Admit waiting requests, those holding blocks first; a request that cannot go yet for a reason of its own
+        (its load has not landed, the connector cannot answer yet) is skipped, keeping its place."""
+        skipped: dict = {id(self._kv_holding_waiting): [], id(self._waiting): []}
+        while budget > 0 and len(self._running) < self.max_num_seqs:
+            queue = self._kv_holding_waiting or self._waiting
+            if not queue:
                 break
-            self._waiting.popleft()
-            request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_cached
-            request.num_cached_tokens = num_cached
+            request = queue[0]
+            if not self._handle_blocked_waiting_request(request):
+                self._skip_request(queue, skipped)
+                continue
+            num_external, load_kv_async = 0, False
+            if request.num_computed_tokens == 0:  # the GPU prefix cache first, then the connector beyond it
+                hits, num_local = self.kv_cache_manager.get_computed_blocks(request)
+                if self.connector is not None:
+                    num_external, load_kv_async = self.connector.get_num_new_matched_tokens(request, num_local)
+                    if num_external is None:  # it cannot tell yet: ask again next step
+                        self._skip_request(queue, skipped)
+                        continue
+                request.num_cached_tokens = num_local
+            else:  # its load landed: the blocks and their tokens are its own already
+                hits, num_local = None, 0
+            num_computed = request.num_computed_tokens + num_local + num_external
+            num_new = 0 if load_kv_async else self._chunk(request, num_computed, budget, threshold)
+            # an asynchronous load holds its blocks without progress: it must leave the in-flight prefills theirs
+            reserved = self._inflight_prefill_reserved_blocks() if load_kv_async else 0
+            if self.kv_cache_manager.allocate_slots(request, num_new, num_local, hits,
+                                                    num_lookahead_tokens=self.num_lookahead_tokens,
+                                                    full_sequence_must_fit=self.scheduler_reserve_full_isl,
+                                                    num_external_computed_tokens=num_external,
+                                                    delay_cache_blocks=load_kv_async,
+                                                    reserved_blocks=reserved) is None:
+                break
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(request, self.kv_cache_manager.get_block_ids(
+                    request.request_id), num_external)
+            if load_kv_async:  # counted as computed now; not scheduled until the load lands
+                request.status, request.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, num_computed
+                self._inflight_prefills.add(request)
+                self._skip_request(queue, skipped)
+                continue
+            queue.popleft()
+            request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_computed
             self._running.append(request)
             out.num_scheduled_tokens[request.request_id] = num_new
             out.scheduled_new_reqs.append(request.request_id)
             budget -= num_new
+            if num_computed + num_new < request.num_tokens:
+                self._inflight_prefills.add(request)
+        for queue in (self._kv_holding_waiting, self._waiting):  # the skipped ones back in front, in order
+            queue.extendleft(reversed(skipped[id(queue)]))
+
+    def _skip_request(self, queue: deque, skipped: dict) -> None:
+        request = queue.popleft()
+        holds_blocks = request.num_computed_tokens > 0 or request.status is RequestStatus.WAITING_FOR_REMOTE_KVS
+        skipped[id(self._kv_holding_waiting if holds_blocks else self._waiting)].append(request)
+
+    def _handle_blocked_waiting_request(self, request: Request) -> bool:
+        """False while its asynchronous load is in flight; once it landed, the loaded blocks are cached and the
+        request is waiting (or preempted) again, with its loaded tokens computed (vLLM:
+        ``_update_waiting_for_remote_kv``: a load of the whole sequence still recomputes its last token)."""
+        if request.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return True
+        if request.request_id not in self.finished_recving_kv_req_ids:
+            return False
+        self.finished_recving_kv_req_ids.remove(request.request_id)
+        self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens -= 1
+        self.num_external_computed_tokens += request.num_computed_tokens - request.num_cached_tokens
+        request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        return True
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Blocks the admitted, unfinished prefills still need to hold their full sequences."""
+        kv = self.kv_cache_manager
+        return sum(kv.coordinator.get_num_blocks_to_allocate(r.request_id, r.num_tokens,
+                                                             tuple([] for _ in kv.kv_cache_groups),
+                                                             r.num_computed_tokens, kv.max_admission_blocks)
+                   for r in self._inflight_prefills)
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Recompute: free its blocks, forget its computed tokens, put it at the front of ``waiting``."""
         self.kv_cache_manager.free(request)
+        self._inflight_prefills.discard(request)
         self.num_recomputed_tokens += request.num_computed_tokens
         request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
         request.spec_token_ids = []
@@ -292,7 +395,7 @@ class Scheduler:
         after ``schedule()`` (under async scheduling the next ``schedule()`` comes before this step's output)."""
         return [r for r in out.num_scheduled_tokens if not self.requests[r].is_prefill_chunk]
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict) -> list:
+    def update_from_output(self, out: SchedulerOutput, sampled: dict, kv_connector_output=None) -> list:
         """Append each sampled token (a request that verified drafts: its list, the accepted drafts and one more);
         roll ``num_computed_tokens`` back by the rejected drafts; finish requests that hit ``max_tokens`` or a
         stop token (tokens after it are dropped). Returns the request ids finished in this step.
@@ -301,7 +404,8 @@ class Scheduler:
         async scheduling the output may be stale (vLLM 0.33's ``update_from_output``): a request finished or aborted
         while the step ran gets nothing; one preempted while it ran still gets its tokens (real ones: the step read
         the blocks before anyone reused them), but no counter moves; otherwise the tokens resolve placeholders
-        (rejected drafts too), and the blocks they complete are cached."""
+        (rejected drafts too), and the blocks they complete are cached. ``kv_connector_output``: what the KV
+        connector's worker side finished (loads landed, stores done)."""
         done = []
         for request_id, num_tokens in out.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
@@ -334,10 +438,13 @@ class Scheduler:
                 request.num_output_placeholders -= len(new_token_ids)  # those cut after a stop too
                 self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if stopped:
-                (self._running if request.status == RequestStatus.RUNNING else self._waiting).remove(request)
+                self._remove_from_queue(request)
                 self._free_request(request, RequestStatus.FINISHED)
                 self.finished[request_id] = list(request.output_token_ids)
                 done.append(request_id)
+        if kv_connector_output is not None:  # vLLM: _update_from_kv_xfer_finished
+            self.connector.update_connector_output(kv_connector_output)
+            self.finished_recving_kv_req_ids |= kv_connector_output.finished_recving
         return done
 
     def update_draft_token_ids(self, draft_token_ids: dict) -> None:
@@ -354,7 +461,12 @@ class Scheduler:
 
     def _free_request(self, request: Request, status: RequestStatus) -> None:
         """Its blocks back to the pool, at once, even with a step in flight that reads them: that step runs before
-        any later one can write them (vLLM 0.33: ``_free_request``)."""
+        any later one can write them (vLLM 0.33: ``_free_request``); a KV connector hears of it first
+        (``_connector_finished``)."""
+        if self.connector is not None:
+            self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(request.request_id))
+            self.finished_req_ids.add(request.request_id)
+        self._inflight_prefills.discard(request)
         self.kv_cache_manager.free(request)
         request.status = status
         del self.requests[request.request_id]
@@ -371,9 +483,15 @@ class Scheduler:
             check_hashable("request_ids[...]", request_id)
         valid = [self.requests[r] for r in dict.fromkeys(request_ids) if r in self.requests]
         for request in valid:
-            (self._running if request.status == RequestStatus.RUNNING else self._waiting).remove(request)
+            self._remove_from_queue(request)
             self._free_request(request, finished_status)
         return [r.request_id for r in valid]
+
+    def _remove_from_queue(self, request: Request) -> None:
+        for queue in (self._running, self._waiting, self._kv_holding_waiting):
+            if request in queue:
+                queue.remove(request)
+                return
 
     def finish_ignored(self, request_id) -> None:
         """Finish a waiting request that can never fit, with the tokens it has (the engine warns)."""
