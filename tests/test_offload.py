@@ -17,7 +17,7 @@ import torch
 from pagedkv import PagedKVValueError
 from pagedkv.engine import LLMEngine
 from pagedkv.model import LlamaConfig, LlamaForCausalLM, generate_dense
-from pagedkv.v1 import RequestStatus
+from pagedkv.v1 import Request, RequestStatus
 from pagedkv.v1.kv_offload.base import LookupResult, ReqContext
 from pagedkv.v1.kv_offload.cpu import CPUOffloadingManager
 
@@ -233,8 +233,7 @@ def test_full_sequence_gate_counts_loaded_tokens(model):
     GPU hit, as 0.33's allocate_slots(full_sequence_must_fit=True) does."""
     engine = make_engine(model, num_gpu_blocks=8, block_size=4, kv_offloading_blocks=16)
     kv = engine.kv_cache_manager
-    request = type("R", (), {"request_id": "x", "all_token_ids": list(range(30)), "num_tokens": 30,
-                             "num_computed_tokens": 0})()
+    request = Request("x", list(range(30)), max_tokens=1)
     assert kv.allocate_slots(request, 0, num_external_computed_tokens=28, full_sequence_must_fit=True,
                              delay_cache_blocks=True) is not None  # 8 blocks: the whole pool
     kv.free(request)
