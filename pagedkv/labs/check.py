@@ -105,8 +105,8 @@ class CheckFailed(AssertionError):
         return [f"AssertionError: {self}"]
 
 
-def _fail(message: str, key: str | None) -> None:
-    if grading_now():
+def _fail(message: str, key: str | None, graded: bool = True) -> None:
+    if graded and grading_now():
         raise CheckFailed(message)
     print(message + (f" Stuck? check.reveal({key!r}) shows the answer." if key else ""))
 
@@ -116,25 +116,32 @@ def _blank(value) -> bool:
 
 
 def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key: str | None = None,
-           mistakes=()) -> bool:
+           mistakes=(), graded: bool = True) -> bool:
     """Compare one answer with the expected value; print (or, grading, raise) the verdict. True when right.
 
+    ``graded=False`` (predictions): the verdict is printed even while grading, never raised.
     ``mistakes``: ``(wrong_answer, why)`` pairs; an answer equal to a known wrong one is told what went wrong in
     the reasoning that leads there (``why``), which says more than "not right" and gives nothing away."""
     if _blank(got) or (isinstance(got, (list, tuple)) and any(_blank(g) for g in got)):
-        _fail(f"{FAIL} {name}: no answer yet - replace the ... with your answer.", None)
+        _fail(f"{FAIL} {name}: no answer yet - replace the ... with your answer.", None, graded)
         return False
     problem = difference(plain(got), plain(expected), tolerance)
     why = next((why for wrong, why in mistakes if problem and difference(plain(got), plain(wrong), tolerance)
                 is None), None)
     if why:
-        _fail(f"{FAIL} {name}: {got!r} is not it yet: {why}", key)
+        _fail(f"{FAIL} {name}: {got!r} is not it yet: {why}", key, graded)
         return False
     if problem:
-        _fail(f"{FAIL} {name}: {got!r} is not it yet: {problem}." + (f" Hint: {hint}" if hint else ""), key)
+        _fail(f"{FAIL} {name}: {got!r} is not it yet: {problem}." + (f" Hint: {hint}" if hint else ""), key, graded)
         return False
     print(f"{PASS} {name}: right{type_note(got, expected)}.")
     return True
+
+
+def prediction(name: str, got, truth, hint: str = "", mistakes=()) -> None:
+    """A "predict, then run" verdict: ``[ok]`` or what is off, never the value. Predictions earn no points, so it
+    prints and never raises, under nbgrader too (a blank one says "no answer yet")."""
+    report(name, got, truth, hint=hint, mistakes=mistakes, graded=False)
 
 
 def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", key: str | None = None) -> bool:
