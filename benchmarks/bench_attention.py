@@ -13,6 +13,8 @@ GPU case: batch 64, 32 query heads, 8 KV heads, head 128, fp16, block 16, contex
 (tree, vllm, vllm-gqa) as v1 and v2, each checked against SDPA before it is timed; achieved bandwidth =
 (unique K + V bytes) / time, against a device-to-device copy measured on the same GPU; baselines: SDPA on
 pre-gathered K/V, gather + SDPA, and FlexAttention (compiled, pre-gathered) where torch has it.
+Then unified_paged_attention's CUDA kernel (one launch per layer) on a decode-only batch (2-D, and 3-D split-KV for
+4 long sequences), a prefill-only batch and a mixed one, each checked against SDPA per sequence before it is timed.
 """
 
 import argparse
@@ -84,6 +86,7 @@ UNIFIED_CASES = {  # name: (q_lens, seq_lens); SmolLM2's attention: 9 query head
 
 
 def unified_case(q_lens, seq_lens, block_size=16, num_heads=9, num_kv_heads=3, head_size=64, seed=0):
+    """A mixed batch on the CPU: pages shuffled over the cache, float32 (the GPU case converts it)."""
     from pagedkv.kernels import UnifiedAttentionMetadata
 
     g = torch.Generator().manual_seed(seed)
@@ -245,6 +248,39 @@ def gpu_case():
                 row(f"{flavour}/{version}", run, dense, gathered)
     if flex is None:
         print("FlexAttention is not in this torch; no comparison with it.")
+    return gpu_unified_case()
+
+
+GPU_UNIFIED_CASES = {  # name: (q_lens, seq_lens); 32 query heads, 8 KV heads, head 128, fp16, block 16
+    "decode-only, 64 x 2,048": ([1] * 64, [2048] * 64),
+    "decode-only, 4 x 16,384 (3-D)": ([1] * 4, [16384] * 4),
+    "prefill-only, 4 x 2,048": ([2048] * 4, [2048] * 4),
+    "mixed: 1 chunk of 512 + 63 decodes": ([512] + [1] * 63, [2048] * 64),
+}
+
+
+def gpu_unified_case():
+    """unified_paged_attention's kernel on the GPU: ms per layer and unique K+V bytes per second."""
+    from pagedkv.kernels import UnifiedAttentionMetadata, gather_kv
+
+    print("unified_paged_attention (cuda), 32 query heads / 8 KV heads, head 128, fp16, block 16")
+    print(f"{'batch':<36} {'ms':>8} {'GB/s':>7}  vs SDPA per sequence (pre-gathered)")
+    for name, (q_lens, seq_lens) in GPU_UNIFIED_CASES.items():
+        query, key_cache, value_cache, meta = unified_case(q_lens, seq_lens, num_heads=32, num_kv_heads=8,
+                                                           head_size=128)
+        query, key_cache, value_cache = (t.half().cuda() for t in (query, key_cache, value_cache))
+        meta = UnifiedAttentionMetadata(*(t.cuda() for t in (meta.cu_seqlens_q, meta.seq_lens, meta.block_tables)))
+        gathered = [gather_kv(key_cache, value_cache, meta.block_tables[s], n) for s, n in enumerate(seq_lens)]
+        expected = per_sequence(query, key_cache, value_cache, meta, gathered)
+        run = lambda: meta.attend(query, key_cache, value_cache, backend="cuda")
+        error = (run().float() - expected.float()).abs().max().item()  # checked before it is timed
+        if error > 2e-2:
+            print(f"{name:<36} WRONG, max error {error:.3g} against SDPA; not timed")
+            return 1
+        t = cuda_time(run)
+        t_sdpa = cuda_time(lambda: per_sequence(query, key_cache, value_cache, meta, gathered))
+        bytes_read = 2 * sum(seq_lens) * 8 * 128 * 2
+        print(f"{name:<36} {t * 1e3:8.3f} {bytes_read / t / 1e9:7.0f}  {t_sdpa / t:6.2f}x")
     return 0
 
 

@@ -1,5 +1,5 @@
 # nbgrader's configuration for the pagedkv course: copy this file into your course folder (next to source/),
-# or let `make course` do it. nbgrader must run in the environment where `import pagedkv` works (the checkout's
+# or let `make release` do it (its first step, `make grading`, makes the folder: this file and source/pagedkv/). nbgrader must run in the environment where `import pagedkv` works (the checkout's
 # .venv: `make release`, `make autograde` and `make feedback` run it there); the check cells import it.
 import warnings
 

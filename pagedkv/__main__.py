@@ -1,5 +1,6 @@
 """Command line: ``python -m pagedkv info | figures [--out figures/] | labs [--out labs/] | reading [--out course/]
-| map [--out COURSE_MAP.md] | visualize``."""
+| map [--out COURSE_MAP.md] | visualize | trace <run> [--html run.html] [--json run.json] | site [--out site/]
+| autograde | guide``."""
 
 from __future__ import annotations
 
@@ -99,14 +100,40 @@ def visualize(port: int, open_browser: bool) -> int:
         return fail("the visualizer app needs Voila: pip install -e '.[viz]' in the checkout (or run make visualizer).")
     print(f"pagedkv visualizer: http://127.0.0.1:{port}/  (Ctrl-C stops it)", flush=True)
     os.environ.setdefault("PAGEDKV_QUIET", "1")
+    trust_app()
     command = voila_command(port, open_browser)
-    os.execv(command[0], command)  # Voila replaces this process: Ctrl-C and signals reach it directly
+    os.execve(command[0], command, voila_environ(os.environ))  # Voila replaces this process: signals reach it
 
 
-# A page's kernel (~420 MB) is shut down as the page is left (Voila's beforeunload); one whose page vanished without
-# a word (a crashed or killed tab) is culled this long after its last message, within CULL_INTERVAL_SECONDS.
+# A page's kernel (410-540 MB resident) is shut down as the page is left (Voila's beforeunload); one whose page
+# vanished without a word (a crashed or killed tab) is culled this long after its last message, within
+# CULL_INTERVAL_SECONDS.
 CULL_IDLE_SECONDS = 120
 CULL_INTERVAL_SECONDS = 30
+VIZ = Path(__file__).parent / "viz"
+APP = VIZ / "app.ipynb"
+# viz/jupyter/ holds what Voila reads besides the notebook: voila.json (its config) and the "pagedkv" template
+# (voila/templates/pagedkv/: Voila's lab template, less the Font Awesome stylesheets it fetches from a CDN).
+JUPYTER_FILES = VIZ / "jupyter"
+
+
+def trust_app() -> None:
+    """Sign app.ipynb for this user, as ``jupyter trust`` does, so Voila does not log "Notebook app.ipynb is not
+    trusted" on every page load. A signature is an HMAC with a key of the user's own (Jupyter's data folder), so
+    no file can ship one; signing changes nothing in the notebook and runs nothing."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notebook = nbformat.read(APP, as_version=4)
+    notary = NotebookNotary()
+    if not notary.check_signature(notebook):
+        notary.sign(notebook)
+
+
+def voila_environ(environ) -> dict:
+    """``environ`` with viz/jupyter/ first on ``JUPYTER_PATH``, where Voila looks for the "pagedkv" template."""
+    path = [str(JUPYTER_FILES), *filter(None, environ.get("JUPYTER_PATH", "").split(os.pathsep))]
+    return {**environ, "JUPYTER_PATH": os.pathsep.join(path)}
 
 
 def voila_command(port: int, open_browser: bool) -> list[str]:
@@ -114,13 +141,65 @@ def voila_command(port: int, open_browser: bool) -> list[str]:
     to Voila's shutdown handler as it unloads, with the ``_xsrf`` cookie Voila never sets, so that handler refused
     every one ("'_xsrf' argument missing from POST") and kernels piled up; the XSRF check is off (the server
     answers this machine only, and each kernel's URL holds its random id). Kernels left idle with no page
-    connected (a tab that crashed) are culled after ``CULL_IDLE_SECONDS``; a connected page's kernel never is."""
-    app = Path(__file__).parent / "viz" / "app.ipynb"
-    command = [sys.executable, "-m", "voila", str(app), "--Voila.ip=127.0.0.1", f"--port={port}",
+    connected (a tab that crashed) are culled after ``CULL_IDLE_SECONDS``; a connected page's kernel never is.
+
+    The tornado settings are in viz/jupyter/voila.json, since a command line gives a dict's values as strings:
+    ``disable_check_xsrf``, and ``ws_ping_timeout`` 30 s, equal to jupyter_server's ping interval (its default
+    timeout, three intervals, made tornado warn "The websocket_ping_timeout (90000) cannot be longer than the
+    websocket_ping_interval (30000)" on every page load). The "pagedkv" template is found through
+    ``voila_environ``."""
+    command = [sys.executable, "-m", "voila", str(APP), "--Voila.ip=127.0.0.1", f"--port={port}",
                "--show_tracebacks=False", f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}",
                f"--MappingKernelManager.cull_interval={CULL_INTERVAL_SECONDS}",
-               "--MappingKernelManager.cull_connected=False", "--Voila.tornado_settings=disable_check_xsrf=True"]
+               "--MappingKernelManager.cull_connected=False", f"--Voila.config_file_paths={JUPYTER_FILES}",
+               "--template=pagedkv"]
     return command if open_browser else command + ["--no-browser"]
+
+
+def trace(name: str | None, html_path: str | None, json_path: str | None) -> int:
+    """Record one of the course's runs (``pagedkv/viz/runs.py``) and write it as a page and/or JSON."""
+    os.environ.setdefault("PAGEDKV_QUIET", "1")
+    from pagedkv.errors import PagedKVError
+    from pagedkv.viz.runs import RUNS, get_run
+
+    if name is None:
+        for run in RUNS:
+            print(f"{run.name:<12} {run.title} (notebook {run.notebook})")
+        return 0
+    if not html_path and not json_path:
+        return fail("say where to write it: --html run.html (a page that opens from disk) and/or --json run.json.")
+    try:
+        if name.endswith(".json"):  # a trace recorded earlier (TraceRecorder, or --json): checked, then written
+            from pagedkv.viz.trace import load_trace
+
+            recorded = load_trace(Path(name))
+        else:
+            recorded = get_run(name).record()
+    except PagedKVError as error:
+        return fail(str(error))
+    try:
+        for path, write in ((html_path, recorded.write_html), (json_path, recorded.write)):
+            if path:
+                print(write(path))
+    except OSError as error:
+        return fail(f"cannot write the trace: {error.strerror or error}.")
+    return 0
+
+
+def site(course: str, out: str) -> int:
+    os.environ.setdefault("PAGEDKV_QUIET", "1")
+    from pagedkv.viz.site import build_site
+
+    if not Path(course).is_dir():
+        return fail(f"--course {course} is not a folder of reading copies (python -m pagedkv reading writes them).")
+    if Path(out).exists() and not Path(out).is_dir():
+        return fail(f"--out {out} is a file; give a folder for the site (default: site/).")
+    try:
+        pages = build_site(course, out)
+    except OSError as error:
+        return fail(f"cannot write the site to {out}: {error.strerror or error}.")
+    print(f"wrote {len(pages)} pages to {out} (open {Path(out) / 'index.html'})")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -143,7 +222,44 @@ def main(argv=None) -> int:
     viz = commands.add_parser("visualize", help="serve the block-table visualizer as a web app (Voila) on 127.0.0.1")
     viz.add_argument("--port", type=tcp_port, default=8866, help="port on 127.0.0.1, 1-65535 (default: 8866)")
     viz.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    rec = commands.add_parser("trace", help="record one of the course's runs and write it as a player page that "
+                                            "opens from disk (--html) or as JSON (--json); no run: list them")
+    rec.add_argument("run", nargs="?", help="the run's name (python -m pagedkv trace lists them), or a trace's "
+                                            "JSON file to write as a page")
+    rec.add_argument("--html", help="write a self-contained HTML player here")
+    rec.add_argument("--json", help="write the trace's JSON here")
+    web = commands.add_parser("site", help="render the reading copies as a static site, the key runs as players")
+    web.add_argument("--out", default="site/", help="output folder (default: site/)")
+    web.add_argument("--course", default="course/", help="the reading copies (default: course/)")
+    grade = commands.add_parser("autograde", help="nbgrader autograde, several students at once (make autograde "
+                                                  "JOBS=N); run it in the course folder")
+    grade.add_argument("assignment", help="the assignment's name (make's ASSIGNMENT: pagedkv)")
+    grade.add_argument("--jobs", type=int, default=2, help="students graded at once, in batches (default: 2)")
+    grade.add_argument("nbgrader_args", nargs=argparse.REMAINDER, help="passed on to each nbgrader autograde")
+    guide = commands.add_parser("guide", help="rewrite the instructor guide's generated block (counts, points, "
+                                              "each notebook's exercises) from the notebooks and exercises.py")
+    guide.add_argument("--guide", default="notebooks/README.md", help="the guide (default: notebooks/README.md)")
+    guide.add_argument("--notebooks", default="notebooks/", help="the solution notebooks (default: notebooks/)")
     args = parser.parse_args(argv)
+    if args.command == "trace":
+        return trace(args.run, args.html, args.json)
+    if args.command == "site":
+        return site(args.course, args.out)
+    if args.command == "guide":
+        from pagedkv.labs.guide import rewrite
+
+        try:
+            changed = rewrite(args.guide, args.notebooks)
+        except (OSError, ValueError) as error:
+            return fail(str(error))
+        print(f"{args.guide}: {'rewritten' if changed else 'already up to date'}")
+        return 0
+    if args.command == "autograde":
+        from pagedkv.labs.autograde import autograde
+
+        if args.jobs < 1:
+            return fail(f"--jobs {args.jobs}: give how many students to grade at once, 1 or more.")
+        return autograde(Path.cwd(), args.assignment, args.jobs, args.nbgrader_args)
     if args.command == "visualize":
         return visualize(args.port, not args.no_browser)
     if args.command == "info":

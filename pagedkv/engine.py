@@ -41,6 +41,7 @@ from .v1 import KVCacheManager, beam_search
 from .v1 import Scheduler as V1Scheduler
 from .v1 import SchedulerOutput as V1SchedulerOutput
 from .v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+from .v1.spec_decode import NgramProposer, SpeculativeConfig
 from .validate import check_choice, check_hashable, check_int, is_list_like
 
 
@@ -54,6 +55,22 @@ class EngineStats:
     num_cow_copies: int = 0  # copy-on-write block copies (a sequence group's first appends into shared blocks)
     num_ignored: int = 0  # requests that could never fit the pool: finished with the tokens they had
     num_requests: int = 0  # requests added (v1: each child of a fanned-out n > 1 request counts)
+    # speculative decoding (v1), as vLLM's SpecDecodingStats: drafts verified, their tokens, the accepted ones
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list = dataclasses.field(default_factory=list)  # drafts accepted up to i
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over drafted ones (0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def acceptance_rate_per_pos(self) -> list:
+        """Per draft position ``i``: the share of drafts whose tokens ``0..i`` were all accepted (vLLM's
+        "per-position acceptance rate")."""
+        return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.num_accepted_tokens_per_pos]
 
 
 @dataclass
@@ -115,7 +132,7 @@ class LLMEngine:
                  preemption_mode=None, enable_prefix_caching: bool | None = None, watermark: float | None = None,
                  backend: str = "auto", block_manager: BlockSpaceManager | None = None, version: str = "v0",
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
-                 prefix_cache_retention_interval: int | None = 0):
+                 prefix_cache_retention_interval: int | None = 0, speculative_config: dict | None = None):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
@@ -124,12 +141,19 @@ class LLMEngine:
         ``prefix_cache_retention_interval`` (v1, vLLM's default 0): which blocks a sliding-window group names in the
         prefix cache (``pagedkv.v1.KVCacheManager``; None names every full block).
         ``block_manager`` (v0): run on an existing manager of the same sizes (the visualizer draws the engine's
-        sequences beside hand-made ones); by default the engine makes its own."""
+        sequences beside hand-made ones); by default the engine makes its own.
+        ``speculative_config`` (v1): ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a,
+        "prompt_lookup_max": b}`` (vLLM's keys): each step verifies up to ``k`` prompt-lookup drafts per request in
+        the same forward; the tokens are those decoding without it produces."""
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
         check_choice("backend", backend, BACKENDS)
         self.version = check_choice("version", version, ("v0", "v1"))
+        if speculative_config is not None and version != "v1":
+            raise PagedKVValueError("speculative_config: speculative decoding runs on vLLM today's scheduler: "
+                                    "pass version='v1'.")
+        spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
         config = model.config
         self.model = model.eval()
         self.backend = backend
@@ -145,7 +169,9 @@ class LLMEngine:
                                                    self.kv_cache_groups, max_num_batched_tokens,
                                                    prefix_cache_retention_interval)
             self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
-                                         long_prefill_token_threshold, scheduler_reserve_full_isl)
+                                         long_prefill_token_threshold, scheduler_reserve_full_isl,
+                                         num_spec_tokens=spec.num_speculative_tokens if spec else 0,
+                                         num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
         else:
             if long_prefill_token_threshold:
                 raise PagedKVValueError("long_prefill_token_threshold chunks prompts, which only the v1 scheduler "
@@ -177,6 +203,10 @@ class LLMEngine:
         self.caches = [CacheEngine(num_gpu_blocks, block_size, config.num_key_value_heads, config.head_dim,
                                    num_cpu_blocks, dtype) for _ in range(config.num_hidden_layers)]
         self.block_size = block_size
+        self.speculative_config = spec
+        self.drafter = None if spec is None else NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max,
+                                                               spec.num_speculative_tokens,
+                                                               config.max_position_embeddings)
         self.stats = EngineStats()
         self._num_generated = 0
         self._processors: dict = {}  # request_id -> Samples | Beams, until pop_finished() hands the output over
@@ -310,16 +340,46 @@ class LLMEngine:
             if not out.preempted_req_ids:
                 self._ignore_stuck_v1()
             return out
-        chunks = []
+        chunks, drafts = [], out.scheduled_spec_decode_tokens
         for request_id, num_tokens in out.num_scheduled_tokens.items():
             request = self.scheduler.requests[request_id]
             start = request.num_computed_tokens - num_tokens  # schedule() already counted this step's tokens
+            tokens = request.all_token_ids + drafts.get(request_id, [])  # drafts are query rows like any token
             chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids_by_group(request_id),
-                                 request.all_token_ids[start:start + num_tokens], start, start))
+                                 tokens[start:start + num_tokens], start, start))
         sampling = self.scheduler.sampling_request_ids(out)
-        logits = self._forward(chunks, sampling)
-        self.scheduler.update_from_output(out, self._sample(sampling, logits))
+        num_rows = {r: 1 + len(drafts.get(r, ())) for r in sampling}  # a draft's rows and the one after it
+        logits = self._forward(chunks, sampling, num_rows)
+        sampled = self._sample_spec(out, sampling, logits) if drafts else self._sample(sampling, logits)
+        self.scheduler.update_from_output(out, sampled)
+        if self.drafter is not None:
+            self._propose_drafts(sampled)
+            spec = self.scheduler.spec_decoding_stats  # the scheduler observed every draft it verified
+            self.stats.num_drafts, self.stats.num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
+            self.stats.num_accepted_tokens = spec.num_accepted_tokens
+            self.stats.num_accepted_tokens_per_pos = list(spec.num_accepted_tokens_per_pos)
         return out
+
+    def _sample_spec(self, out: V1SchedulerOutput, sampling: list, logits: torch.Tensor) -> dict:
+        """Verify every draft on its rows (``RejectionSampler``); requests without a draft sample one token."""
+        argmax = logits.argmax(dim=-1).tolist()
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        sampled, row = {}, 0
+        for request_id in sampling:
+            draft = out.scheduled_spec_decode_tokens.get(request_id, [])
+            rows = list(range(row, row + 1 + len(draft)))
+            request = self.scheduler.requests[request_id]
+            sampled[request_id] = self._processors[request_id].verify(request_id, rows, draft, logits, logprobs,
+                                                                      argmax, len(request.output_token_ids))
+            row += len(rows)
+        return sampled
+
+    def _propose_drafts(self, sampled: dict) -> None:
+        """The n-gram proposer's next drafts for every request that sampled and runs on (vLLM's model runner
+        proposes after sampling; ``Scheduler.update_draft_token_ids`` stores them)."""
+        requests = self.scheduler.requests
+        self.scheduler.update_draft_token_ids({r: self.drafter.propose_one(requests[r].all_token_ids)
+                                               for r in sampled if r in requests})
 
     def _ignore_stuck_v1(self) -> None:
         """Nothing ran and nothing runs: the first waiting request cannot fit even an empty pool. vLLM rejects such
@@ -372,10 +432,11 @@ class LLMEngine:
         return self._sample(out.scheduled, self._forward(chunks, out.scheduled))
 
     @torch.inference_mode()
-    def _forward(self, chunks: list, sampling: list) -> torch.Tensor:
+    def _forward(self, chunks: list, sampling: list, num_rows: dict | None = None) -> torch.Tensor:
         """One model pass over a flat batch: every chunk's tokens, in order, and one attention call per layer over
         all of them (the step's metadata built here, once per KV cache group). The logits of ``sampling``'s last
-        rows."""
+        rows (``num_rows[key]`` last rows for a request verifying drafts: each draft row attends causally to the
+        rows before it, as a prefill chunk's rows do)."""
         input_ids, positions, last_row = [], [], {}
         for chunk in chunks:
             end = chunk.start + len(chunk.token_ids)
@@ -387,8 +448,9 @@ class LLMEngine:
         seq_lens = torch.tensor([c.start + n for c, n in zip(chunks, query_lens)], dtype=torch.int32)
         groups = [self._group_metadata(chunks, g, cu_seqlens_q, seq_lens) for g in range(len(self.kv_cache_groups))]
         store = PagedKVStore(self.caches, groups, self.layer_group, self.backend)
-        logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store,
-                                        [last_row[key] for key in sampling])
+        num_rows = num_rows or {}
+        rows = [r for key in sampling for r in range(last_row[key] + 1 - num_rows.get(key, 1), last_row[key] + 1)]
+        logits = self.model.last_logits(torch.tensor(input_ids), torch.tensor(positions), store, rows)
         self.stats.num_computed_tokens += len(input_ids)
         return logits
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .sampling import BeamSearchParams, CompletionOutput, RequestOutput, SamplingParams, beam_search_score, sample
+from .v1.sample.rejection_sampler import rejection_sample
 
 
 class Samples:
@@ -48,6 +49,22 @@ class Samples:
             self.cumulative_logprob[seq_id] += float(logprobs[row, tokens[seq_id]])
             self._keep_top(seq_id, logprobs[row])
         return tokens
+
+    def verify(self, seq_id, rows: list, draft: list, logits: torch.Tensor, logprobs: torch.Tensor, argmax: list,
+               num_generated: int) -> list:
+        """v1 speculative decoding: the tokens a draft yields on its ``len(draft) + 1`` rows (the rejection
+        sampler: argmax, or one seeded draw per emitted token), cut after a stop token or at ``max_tokens``
+        (the scheduler drops those too), each counted in the log-probabilities as a plain step's token."""
+        index = self.index[seq_id]
+        tokens = rejection_sample(draft, lambda i: self._draw(index, rows[i], logits, argmax))
+        kept = []
+        for row, token in zip(rows, tokens):
+            kept.append(token)
+            self.cumulative_logprob[seq_id] += float(logprobs[row, token])
+            self._keep_top(seq_id, logprobs[row])
+            if token in self.stop_token_ids or num_generated + len(kept) >= self.params.max_tokens:
+                break
+        return kept
 
     def _keep_top(self, seq_id, row_logprobs: torch.Tensor) -> None:
         """vLLM's ``logprobs=k``: the k most likely tokens of this step, most likely first."""

@@ -110,15 +110,20 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """One token from one row of logits: greedy at temperature 0, else temperature, top-k, top-p and a draw."""
     if params.greedy:
         return int(logits.argmax())
+    probs = sampling_probs(logits, params)
+    race = torch.empty_like(probs).exponential_(generator=generator)  # the sample's one draw for this token
+    return int((probs / race).argmax())
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution ``sample`` draws from at temperature > 0: temperature, then top-k, then top-p."""
     logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.numel():
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1:
         logits = _top_p(logits, params.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    race = torch.empty_like(probs).exponential_(generator=generator)  # the sample's one draw for this token
-    return int((probs / race).argmax())
+    return torch.softmax(logits, dim=-1)
 
 
 def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:

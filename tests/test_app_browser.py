@@ -61,10 +61,21 @@ def kernels_of(server) -> int:
     return count
 
 
-def only_local(page, url):
-    """Voila's page template asks a CDN for a font stylesheet: refuse anything off this machine at once, so the
-    test never waits on DNS and sends nothing outside."""
-    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url) else route.abort())
+def only_local(page, url) -> list:
+    """Refuse anything off this machine at once, so the test never waits on DNS and sends nothing outside; returns
+    the list the refused URLs are added to. Issue #46: Voila's lab template asked a CDN for Font Awesome twice per
+    load, which an offline lab room cannot reach; the app's own template (pagedkv/viz/jupyter/) asks for nothing."""
+    outside = []
+
+    def route(route):
+        if route.request.url.startswith(url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", route)
+    return outside
 
 
 def browser_or_skip():
@@ -93,7 +104,7 @@ def test_every_load_shows_the_app_and_leaves_no_kernel_behind(app, tmp_path):
     expect = sync_api.expect
     with chromium_page(sync_api, tmp_path, viewport={"width": 1300, "height": 1800},
                        server_log=tmp_path / "voila.log") as page:
-        only_local(page, app.url)
+        outside = only_local(page, app.url)
         for load in range(1, LOADS + 1):
             page.goto(app.url, wait_until="commit", timeout=60_000)  # leaving the last load shuts its kernel down
             try:
@@ -104,6 +115,7 @@ def test_every_load_shows_the_app_and_leaves_no_kernel_behind(app, tmp_path):
                 print(f"load {load} of {LOADS} did not show the app:", page.locator("#loading_text").all_inner_texts())
                 raise
         page.goto("about:blank")
+    assert outside == []  # nothing asked of any other machine, on any load
     deadline = time.monotonic() + 60
     while kernels_of(app.server) and time.monotonic() < deadline:  # the last page's beacon reaches the server
         time.sleep(0.5)
@@ -159,3 +171,61 @@ def test_the_app_reacts_to_clicks(app, tmp_path):
         expect(schedule).not_to_have_attribute("src", before_img, timeout=30_000)
         page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
     assert (tmp_path / "app.png").stat().st_size > 10_000
+
+
+# The longest band of blank rows between drawn rows of an <img>, in CSS pixels (the PNG read back from the page).
+BLANK_BAND_JS = """img => {
+    const canvas = document.createElement('canvas');
+    canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+    const context = canvas.getContext('2d');
+    context.drawImage(img, 0, 0);
+    const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
+    let seen = false, run = 0, longest = 0;
+    for (let y = 0; y < canvas.height; y++) {
+        let blank = true;
+        for (let x = 0; x < canvas.width && blank; x++) {
+            const i = 4 * (y * canvas.width + x);
+            blank = data[i] > 245 && data[i + 1] > 245 && data[i + 2] > 245;
+        }
+        if (!blank) { if (seen) longest = Math.max(longest, run); seen = true; run = 0; } else if (seen) run++;
+    }
+    return longest * img.height / img.naturalHeight;
+}"""
+
+
+def test_the_panels_read_at_lab_screen_sizes(app, tmp_path):
+    """Issue #46, measured on the rendered page at 1280, 1400 and 1920 px wide and 1000 px high: the scheduler's
+    text block map was a ~40 px column at the right edge ("bloc / k_siz / e=4 ..."), and ~250 px of blank
+    separated the block map from its key, pushing the key and the log below the fold."""
+    sync_api = browser_or_skip()
+    expect = sync_api.expect
+    with chromium_page(sync_api, tmp_path, viewport={"width": 1280, "height": 1000},
+                       server_log=tmp_path / "voila.log") as page:
+        outside = only_local(page, app.url)
+        page.goto(app.url, wait_until="commit", timeout=60_000)
+        text_map = page.locator(".pagedkv-map")
+        drawings = page.locator(".widget-output img")
+        expect(text_map).to_contain_text("free GPU queue", timeout=60_000)
+        expect(drawings).to_have_count(2, timeout=30_000)
+        expect(drawings.nth(1)).to_have_attribute("src", re.compile(r"^data:image/png"), timeout=30_000)
+        block_map, log = drawings.first, page.locator("textarea").first
+        for width in (1280, 1400, 1920):  # the page as loaded, scrolled to the top
+            page.set_viewport_size({"width": width, "height": 1000})
+            assert block_map.evaluate(BLANK_BAND_JS) <= 60, width  # map, then its key: no empty band between
+            for what in (block_map, log):  # the key (the map's picture ends with it) and the log: above the fold
+                assert what.bounding_box()["y"] + what.bounding_box()["height"] <= 1000, (width, what)
+        before = text_map.inner_text()
+        page.click("button:text-is('5 steps')")  # a map of some length, as the issue's: blocks used, tables
+        expect(text_map).not_to_have_text(before, timeout=30_000)
+        expect(text_map).to_contain_text("seq r0", timeout=30_000)
+        lines = text_map.inner_text().strip("\n").count("\n") + 1
+        line_height = text_map.evaluate("e => parseFloat(getComputedStyle(e).lineHeight)")
+        for width in (1280, 1400, 1920):
+            page.set_viewport_size({"width": width, "height": 1000})
+            page.screenshot(path=str(tmp_path / f"app-{width}.png"), full_page=True)
+            box = text_map.bounding_box()
+            assert box["width"] >= 300, (width, box)  # its longest line is ~55 characters
+            assert box["height"] <= (lines + 1) * line_height, (width, box, lines)  # no line wrapped
+            assert box["x"] + box["width"] <= width, (width, box)  # on screen
+        page.goto("about:blank")
+    assert outside == []

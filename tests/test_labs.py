@@ -30,7 +30,7 @@ def labs(tmp_path_factory):
 
 
 def test_every_notebook_gets_a_lab_without_outputs_and_with_todos(labs):
-    assert [p.name for p in labs] == [p.name for p in SOLUTIONS] and len(labs) == 13
+    assert [p.name for p in labs] == [p.name for p in SOLUTIONS] and len(labs) == 14
     for path in labs:
         text = path.read_text()
         assert "TODO" in text and "BEGIN SOLUTION" not in text, path.name
@@ -270,3 +270,33 @@ def test_the_reading_copies_are_current_and_hold_no_answer():
         assert all(not c.get("outputs") for c in stored["cells"] if c["id"] in graded)
         shown = sum(bool(c.get("outputs")) for c in stored["cells"])
         assert shown >= sum(bool(c.get("outputs")) for c in solution["cells"]) - 12  # figures and text stay
+
+
+def test_the_guide_states_the_course_as_it_is(tmp_path):
+    """Issue #46: the guide said "Eleven notebooks", "26 in all" and "30 in all" for 12, 31 and 33, and its lab
+    plans described exercises that were not there. Its counts, points and exercise lists are one generated block
+    (`python -m pagedkv guide`): the committed one must be what the course generates now, and no count of them is
+    written anywhere else in the guide."""
+    from pagedkv.labs.guide import BEGIN, END, course_facts, render, rewrite
+
+    guide = (NOTEBOOKS / "README.md").read_text(encoding="utf-8")
+    facts = course_facts(NOTEBOOKS)
+    assert render(facts) in guide, "run `python -m pagedkv guide` and commit notebooks/README.md"
+    assert len(facts["notebooks"]) == len(SOLUTIONS) and facts["exercises"] == len(check.EXERCISES)
+    assert facts["points"] == sum(cell["metadata"]["nbgrader"]["points"] for path in SOLUTIONS
+                                  for cell in json.loads(path.read_text())["cells"]
+                                  if cell.get("metadata", {}).get("nbgrader", {}).get("grade"))
+    outside = guide[:guide.index(BEGIN)] + guide[guide.index(END):]
+    numbers = r"\b(\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|" \
+              r"sixteen|seventeen|eighteen|nineteen|twenty)\b"
+    stale = re.findall(numbers + r" (notebooks|exercises|points)\b|\b\d+ in all\b", outside, re.IGNORECASE)
+    assert not stale, stale
+    exercises = {n["file"][:2]: len(n["exercises"]) for n in facts["notebooks"]}
+    plans = re.findall(r"^\| \d+ min \| (\d\d) [^|]*\| ([^|]*) \|$", outside, re.MULTILINE)
+    assert plans  # the lab plans: each row that lists its notebook's exercises lists them all, and no more
+    for number, listed in plans:
+        if not listed.startswith("as above"):
+            assert len(listed.split("; ")) == exercises[number], (number, listed)
+    copy = tmp_path / "README.md"
+    copy.write_text(guide.replace(render(facts), f"{BEGIN}\nold text\n{END}"), encoding="utf-8")
+    assert rewrite(copy, NOTEBOOKS) and copy.read_text(encoding="utf-8") == guide  # the command writes it back

@@ -114,3 +114,19 @@ def test_tiny_model_loads_offline_and_writes_words():
     words = text.split()
     assert len(words) >= 6 and sum(w.strip('.,:;"()').isalpha() for w in words) >= 0.6 * len(words), text
     assert sum(p.numel() for p in model.parameters()) < 2_000_000
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_loaded_model_holds_its_weights_once(ours, tied):
+    """Issue #46: a model was built with random weights on the CPU, then the file's weights copied in, so SmolLM2's
+    540 MB were held twice while loading (1.5 GB peak RSS). The loaded parameters are the given tensors."""
+    config = LlamaConfig(**{**ours.config.__dict__, "tie_word_embeddings": tied})
+    state = {k: v.clone() for k, v in ours.state_dict().items()}
+    model = LlamaForCausalLM._from_state(config, state, "a test")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    assert all(params[k].data_ptr() == v.data_ptr() for k, v in state.items() if not (tied and k == "lm_head.weight"))
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    assert not any(p.is_meta for p in model.parameters())
+    if tied == ours.config.tie_word_embeddings:  # the same model: the same logits
+        tokens = torch.tensor([1, 2, 3])
+        assert torch.equal(model(tokens), ours(tokens))

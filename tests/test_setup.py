@@ -5,6 +5,7 @@ fallback exists); the commands are checked instead, for each kind of machine a s
 """
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -69,17 +70,24 @@ def test_every_make_install_is_an_editable_install_in_compat_mode(tmp_path):
         assert installs and all("--config-settings editable_mode=compat" in line for line in installs), installs
 
 
-def installed_from_a_clone_named_pagedkv(tmp_path, mode: str) -> subprocess.CompletedProcess:
-    """Copy the package into parent/pagedkv/ (a clone's folder name), install it editable in ``mode`` into a
-    folder of its own, and import it with Python started in parent/, as Jupyter started there would."""
+def install_a_clone_named_pagedkv(tmp_path, mode: str, **env) -> subprocess.CompletedProcess:
+    """Copy the package into parent/pagedkv/ (a clone's folder name) and install it editable in ``mode`` into
+    tmp_path/site-<mode> (``env``: more environment variables for pip); returns pip's run."""
     clone = tmp_path / "parent" / "pagedkv"
     shutil.copytree(ROOT / "pagedkv", clone / "pagedkv", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, clone / name)
-    site = tmp_path / f"site-{mode}"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--config-settings", f"editable_mode={mode}", "-e", str(clone), "--target", str(site)],
-                   check=True, capture_output=True)
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--config-settings", f"editable_mode={mode}", "-e", str(clone),
+                           "--target", str(tmp_path / f"site-{mode}")],
+                          check=True, capture_output=True, text=True, env={**os.environ, **env})
+
+
+def installed_from_a_clone_named_pagedkv(tmp_path, mode: str) -> subprocess.CompletedProcess:
+    """Install a clone named pagedkv/ (``install_a_clone_named_pagedkv``) and import it with Python started in
+    parent/, as Jupyter started there would."""
+    install_a_clone_named_pagedkv(tmp_path, mode)
+    clone, site = tmp_path / "parent" / "pagedkv", tmp_path / f"site-{mode}"
     # The venv running this test may have this checkout installed in compat mode too (make test does that): its .pth
     # puts the checkout on sys.path, which a student's environment would not have. Drop it, then add the install.
     script = f"import os, site, sys; sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != " \
@@ -99,3 +107,18 @@ def test_a_clone_folder_named_pagedkv_does_not_shadow_the_compat_install(tmp_pat
     assert done.stdout.strip() == str(tmp_path / "parent" / "pagedkv" / "pagedkv" / "__init__.py")
     shadowed = installed_from_a_clone_named_pagedkv(tmp_path / "lenient", "lenient")  # what it fixes
     assert "cannot import name 'AllocStatus' from 'pagedkv' (unknown location)" in shadowed.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, reason="setuptools is not installed")
+def test_the_compat_install_is_quiet_as_make_runs_it(tmp_path):
+    """Issue #46: every make install printed setuptools' boxed "compat editable mode is transitional" warning
+    (pip passes a build backend's warnings on). make's PYTHONWARNINGS filter hides that one warning, and the
+    install stays compat (the checkout's folder on sys.path, as the test above needs)."""
+    line = next(line for line in dry_run("lab", tmp_path, OS_NAME="Darwin").splitlines() if " -e " in line)
+    quiet = line.split("PYTHONWARNINGS=", 1)[1].split('"')[1]  # the value make passes, as make passes it
+    loud = install_a_clone_named_pagedkv(tmp_path / "loud", "compat")
+    assert "Compat editable installs" in loud.stderr  # what a newcomer saw: the test can see it
+    done = install_a_clone_named_pagedkv(tmp_path / "quiet", "compat", PYTHONWARNINGS=quiet)
+    assert "Compat editable installs" not in done.stderr and "transitional" not in done.stderr, done.stderr
+    pth = [p.read_text().strip() for p in (tmp_path / "quiet" / "site-compat").glob("__editable__*.pth")]
+    assert pth == [str(tmp_path / "quiet" / "parent" / "pagedkv")]  # still the checkout's folder on sys.path

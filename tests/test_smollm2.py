@@ -121,6 +121,19 @@ def test_paged_engine_equals_transformers(smollm2, chats, hf_answers, settings):
         assert engine.stats.num_prefix_cached_tokens >= 16 * (len(chats) - 1)
 
 
+def test_speculative_decoding_equals_transformers(smollm2, chats, hf_answers):
+    """Issue #47: n-gram drafts verified in the same forward, a tight pool (it preempts), answers unchanged; a chat
+    that asks for its own text back has drafts accepted."""
+    model, tokenizer = smollm2
+    echo = tokenizer.apply_chat_template([{"role": "user", "content": "Repeat exactly: the quick brown fox jumps "
+                                           "over the lazy dog near the river bank."}])
+    engine = LLMEngine(model, version="v1", num_gpu_blocks=12, block_size=8, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    assert engine.generate(chats[:2] + [echo], 24) == hf_answers[:2] + [generate_dense(model, echo, 24)]
+    assert engine.stats.num_preemptions > 0
+    assert engine.stats.num_accepted_tokens > 0 and engine.stats.acceptance_rate_per_pos[0] > 0
+
+
 # ------------------------------------------------------------------- every quantization, vs transformers
 def write_tiny_llama_gguf(path, qtype: str, tied: bool, seed: int = 0) -> None:
     """A random small Llama in GGUF, written as llama.cpp's converter does (Q/K rows permuted)."""

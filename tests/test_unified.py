@@ -155,6 +155,62 @@ def test_cuda_tile_count_is_an_upper_bound():
     check("cuda", batch)
 
 
+def run_cuda(batch, sliding_window=None, **launch):
+    """The unified kernel with forced launch choices (``partition_size``, ``num_segments``), against SDPA."""
+    from pagedkv.kernels.cuda_unified import unified_attention_cuda
+    from pagedkv.kernels.validate import check_unified_args
+
+    shape = check_unified_args(*batch, sliding_window=sliding_window)
+    out = unified_attention_cuda(*batch, shape, **launch)
+    tol = TOL[batch[0].dtype]
+    torch.testing.assert_close(out.float(), sdpa(*batch, sliding_window=sliding_window), atol=tol, rtol=tol)
+
+
+SPLIT_CASES = [  # (q_lens, seq_lens, heads, block_size, dtype, window): decodes over contexts of several partitions
+    ([1, 1], [21, 9], (4, 2), 4, torch.float32, None),   # GQA 2: 3 segments of 8 keys, the second sequence's 2
+    ([1, 1, 1], [17, 5, 12], (2, 1), 2, torch.float16, 6),  # a window: the first segments see no key at all
+    ([1], [13], (2, 2), 3, torch.float32, None),        # block size 3: decodes take the prefill tile's path
+]
+
+
+@pytest.mark.parametrize("q_lens, seq_lens, heads, block_size, dtype, window", SPLIT_CASES)
+def test_split_kv_matches_sdpa(q_lens, seq_lens, heads, block_size, dtype, window):
+    """vLLM's 3-D mode: each context split into segments (of two 4-key partitions here), one program each, and the
+    v2 reduce combining them."""
+    batch = make_batch(q_lens, seq_lens, heads[0], heads[1], 4, block_size, dtype, seed=sum(seq_lens))
+    run_cuda(batch, sliding_window=window, partition_size=4, num_segments=3)
+
+
+def test_split_kv_of_a_mixed_batch():
+    """Segments under a chunk of queries too (vLLM splits speculative decodes' few queries the same way): the reduce
+    reads each query row's own sequence length."""
+    batch = make_batch([1, 3], [10, 7], num_heads=2, num_kv_heads=1, head_size=4, block_size=2, seed=5)
+    run_cuda(batch, partition_size=4, num_segments=2)
+
+
+def test_decode_tile_merges_partitions_online():
+    """A 2-D decode tile walks its context in partitions (4 keys here) and merges them with an online softmax."""
+    batch = make_batch([1, 1], [11, 6], num_heads=4, num_kv_heads=1, head_size=4, block_size=2, seed=9)
+    run_cuda(batch, partition_size=4)
+    run_cuda(batch, sliding_window=7, partition_size=4)  # a window whose first key starts inside a block
+
+
+def test_the_split_rule_follows_vllm():
+    """3-D for decodes too few to fill 128 programs (vLLM 0.33's seq_threshold_3D) over contexts longer than a
+    partition; 2-D for anything else."""
+    from pagedkv.kernels.cuda_unified import NUM_SEGMENTS, choose_split
+    from pagedkv.kernels.validate import UnifiedShape
+
+    def shape(num_seqs, max_query_len, max_seq_len, kv_heads=8):
+        return UnifiedShape(num_seqs * max_query_len, num_seqs, 4 * kv_heads, kv_heads, 128, 100, 16, max_query_len,
+                            max_seq_len, 0.1, None)
+
+    assert choose_split(shape(4, 1, 8192), 512) == NUM_SEGMENTS == 16
+    assert choose_split(shape(64, 1, 8192), 512) == 1  # 512 programs: the 2-D grid is full
+    assert choose_split(shape(4, 1, 300), 512) == 1  # one partition: nothing to split
+    assert choose_split(shape(4, 16, 8192), 512) == 1  # chunks of queries: 2-D
+
+
 # ------------------------------------------------------------------ bad input: an error before anything runs
 def _bad(name):
     """A valid batch, then one thing broken: (args, kwargs)."""

@@ -1,3 +1,5 @@
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -263,6 +265,23 @@ def test_the_app_culls_idle_kernels():
     assert "--Voila.ip=127.0.0.1" in command and command[-1] == "--no-browser"
 
 
+def test_the_app_asks_no_cdn_and_voila_has_nothing_to_warn_about():
+    """Issue #46: Voila's lab template fetched Font Awesome from a CDN on every load (the browser test checks that
+    no request leaves the machine); tornado warned that the ping timeout (90 s) exceeded the interval (30 s)."""
+    import json
+
+    from jupyter_server.base.websocket import WS_PING_INTERVAL
+
+    from pagedkv.__main__ import JUPYTER_FILES, voila_command, voila_environ
+
+    assert "--template=pagedkv" in voila_command(8866, open_browser=False)
+    assert voila_environ({"JUPYTER_PATH": "/x"})["JUPYTER_PATH"].split(os.pathsep) == [str(JUPYTER_FILES), "/x"]
+    template = (JUPYTER_FILES / "voila" / "templates" / "pagedkv" / "index.html.j2").read_text()
+    assert "http" not in template.replace("https://", "").split("-#}")[1]  # nothing fetched from outside
+    settings = json.loads((JUPYTER_FILES / "voila.json").read_text())["Voila"]["tornado_settings"]
+    assert settings["ws_ping_timeout"] == WS_PING_INTERVAL and settings["disable_check_xsrf"] is True
+
+
 def test_a_block_map_has_a_key_only_when_asked():
     m = BlockSpaceManager(4, 8)
     m.allocate("A", range(5))
@@ -371,3 +390,61 @@ def test_named_and_unnamed_sliding_blocks_are_told_apart(retention, sliding_row,
 
 def test_a_map_without_caching_or_sliding_groups_hatches_nothing():
     assert not any(c.get_gid() == "unnamed" for c in draw_block_map(BlockSpaceManager(4, 8).snapshot()).collections)
+
+
+def _hybrid_three_requests():
+    """Notebook 13's run: A, then B and C sharing A's first 24 tokens, on the tiny model with two windowed layers."""
+    import dataclasses
+
+    from pagedkv import LlamaForCausalLM, LLMEngine, load_tiny
+
+    model, tokenizer = load_tiny()
+    config = dataclasses.replace(model.config, sliding_window=8,
+                                 layer_types=["sliding_attention", "full_attention"] * 2)
+    hybrid = LlamaForCausalLM(config)
+    hybrid.load_state_dict(model.state_dict())
+    engine = LLMEngine(hybrid, version="v1", num_gpu_blocks=40, block_size=4)
+    prompt_a = tokenizer.encode("The list of items in a dict is ordered.")
+    prompts = {"A": prompt_a, "B": prompt_a[:24] + tokenizer.encode(" sets"),
+               "C": prompt_a[:24] + tokenizer.encode(" keys")}
+    engine.generate([prompt_a], 6)
+    for name in "BC":
+        engine.generate([prompts[name]], 1)
+    return engine.kv_cache_manager, prompts
+
+
+def test_named_strips_show_what_the_pool_names_and_where_the_resume_points_fall():
+    from pagedkv.v1 import Request
+    from pagedkv.viz.named_strips import NAMED, draw_named_strips, named_strips_text
+
+    kv, prompts = _hybrid_three_requests()
+
+    def named(prompt, group_id):
+        hashes = kv.block_hashes(Request("probe", prompt, max_tokens=1), len(prompt))
+        return [kv.block_pool.get_cached_block(h, [group_id]) is not None for h in hashes]
+
+    strips = {f"{n} {g}": named(p, gid) for n, p in prompts.items() for gid, g in enumerate(["sliding", "full"])}
+    marks = {f"{n} sliding": {"replay": len(p) - 1} for n, p in prompts.items()}
+    marks["B sliding"]["junction"] = 24
+    # the full group names every block; a sliding group only the 2 blocks (cdiv(8 - 1, 4)) before each resume
+    # point: A's replay boundary 38 -> blocks 7, 8; B's junction 24 -> 4, 5 and its replay boundary 28 -> 5, 6
+    assert all(strips["A full"]) and all(strips["B full"])
+    assert [i for i, on in enumerate(strips["A sliding"]) if on] == [4, 5, 7, 8]  # 4, 5: B's, same hashes
+    assert [i for i, on in enumerate(strips["B sliding"]) if on] == [4, 5, 6]
+    text = named_strips_text(strips, marks)
+    assert "B sliding  ....##|#|   (junction 24, replay 28)" in text
+    ax = draw_named_strips(strips, marks, block_size=4)
+    filled = [p for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb(NAMED)]
+    assert len(filled) == sum(sum(s) for s in strips.values())
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(strips)
+    assert len(ax.get_legend().get_texts()) == 4
+
+
+def test_named_strips_refuse_marks_for_unknown_rows():
+    from pagedkv.errors import PagedKVValueError
+    from pagedkv.viz.named_strips import draw_named_strips
+
+    with pytest.raises(PagedKVValueError, match="marks name"):
+        draw_named_strips({"A sliding": [True]}, {"A full": {"replay": 3}})
+    with pytest.raises(PagedKVValueError, match="kinds among"):
+        draw_named_strips({"A sliding": [True]}, {"A sliding": {"resume": 3}})

@@ -1,8 +1,24 @@
-"""Layer 6 — paged attention: numba.cuda kernels, a numba CPU twin, and the dense torch reference.
+"""Layer 6 — paged attention: one family of numba.cuda kernels, a numba CPU twin, and the dense torch reference.
 
-``paged_attention`` is one decode step (one query per sequence: ``cuda.py``, ``cuda_vllm.py``, ``cpu.py``);
-``unified_paged_attention`` is a whole step's mixed batch of prefill chunks and decodes in one call, as vLLM
-0.33 attends (``unified.py``, ``cuda_unified.py``).
+Two calls: ``paged_attention`` is one decode step (one query per sequence), the paper's kernel;
+``unified_paged_attention`` is a whole step's mixed batch of prefill chunks and decodes in one call, as vLLM 0.33
+attends.  Which file teaches what:
+
+* ``cuda.py`` — **the paper's decode kernel** (vLLM's ``paged_attention_v1/v2``, ``csrc/attention``): the
+  ``"tree"`` teaching body (a thread per token, shared-memory reductions; what the simulator runs), its **v1**
+  (a thread block per head and sequence) and **v2** partitions (flash-decoding) and v2's **reduce** kernel,
+  which the unified kernel's split-KV launch reuses; the launcher.  Notebook ``08_paged_attention_kernel``.
+* ``cuda_vllm.py`` — vLLM's mapping of the same job, the grouped phases (a warp per page, a thread group per
+  key, 8-byte words, a KV head's query heads in one thread block): ``paged_attention``'s ``"vllm"`` and
+  ``"vllm-gqa"`` flavours on a GPU, and **the decode tile of the unified kernel** (``grouped_phases``).
+* ``cuda_unified.py`` — **today's unified kernel** (vLLM 0.33's ``kernel_unified_attention``): grid (query
+  tiles, KV heads, segments), a decode tile (the grouped phases, partitions merged online) and a prefill tile
+  (a page staged once for ``BLOCK_M`` rows, a causal/window mask, online softmax), and the 3-D split-KV mode
+  with v2's reduce.  Notebook ``11_unified_attention``.
+* ``cuda_device.py`` — what they share: constants, word loads, block-wide and thread-group reductions.
+* ``cpu.py`` (the numba twin of the decode kernel), ``unified.py`` (the call, its metadata and its CPU path),
+  ``reference.py`` (dense torch), ``validate.py`` (checks before any launch); ``static_report.py`` and ``ptx.py``
+  compile every kernel for sm_80/sm_90 with no GPU (static estimates, not measurements).
 
 ``configure_cuda_mode()`` runs first, before anything here imports
 ``numba.cuda``, because numba reads ``NUMBA_ENABLE_CUDASIM`` only once.

@@ -29,7 +29,9 @@ dynamic shared memory.  ``cuda_vllm.py`` does that in two flavours:
 ``"vllm-gqa"`` (a thread block per KV head and all the query heads that share
 it, as FlashInfer and vLLM's Triton kernel), the default on a GPU wherever its
 sizes fit.  ``benchmarks/RESULTS.md`` ("Static kernel report") counts what
-each costs.
+each costs.  The unified kernel (``cuda_unified.py``) runs those grouped
+phases for its decode tiles and this file's reduce kernel for its split-KV
+launch.
 """
 
 from __future__ import annotations
@@ -140,10 +142,23 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, logits_len:
             max_logits[seq, head, part] = m
             exp_sums[seq, head, part] = total
 
-    def paged_attention_v2_reduce(out, tmp_out, max_logits, exp_sums, seq_lens):
+    kernels = (paged_attention_v1, paged_attention_v2)
+    kernels = tuple(cuda.jit(k) for k in kernels) if jit else kernels
+    return kernels + (build_reduce_kernel(head_size, num_threads, jit),)
+
+
+@functools.cache
+def build_reduce_kernel(head_size: int, num_threads: int, jit: bool = True):
+    """v2's reduce (cached), shared by every flavour and by the unified kernel's split-KV (3-D) launch.
+
+    Launch it on ``(num_heads, num_rows)`` thread blocks: row ``r`` of ``out`` combines the partitions
+    ``tmp_out[r, head, p]`` of the ``seq_lens[r]`` tokens its query saw, ``partition_size`` tokens each.
+    """
+
+    def paged_attention_v2_reduce(out, tmp_out, max_logits, exp_sums, seq_lens, partition_size):
         """Combine partitions: partition p's output weighs exp_sum_p * exp(max_p - global max)."""
         head, seq = cuda.blockIdx.x, cuda.blockIdx.y
-        num_partitions = (seq_lens[seq] + logits_len - 1) // logits_len
+        num_partitions = (seq_lens[seq] + partition_size - 1) // partition_size
         global_max = NEG_INF
         for p in range(num_partitions):
             global_max = max(global_max, max_logits[seq, head, p])
@@ -157,8 +172,7 @@ def build_kernels(head_size: int, block_size: int, num_threads: int, logits_len:
                 acc += tmp_out[seq, head, p, d] * weight
             out[seq, head, d] = acc / total
 
-    kernels = (paged_attention_v1, paged_attention_v2, paged_attention_v2_reduce)
-    return tuple(cuda.jit(k) for k in kernels) if jit else kernels
+    return cuda.jit(paged_attention_v2_reduce) if jit else paged_attention_v2_reduce
 
 
 def _kernels(shape, num_threads: int, flavour: str, logits_len: int, dtype: torch.dtype, simulator: bool):
@@ -276,7 +290,7 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
             v2[(grid_heads, shape.num_seqs, num_partitions), num_threads, stream](
                 tmp_out, max_logits, exp_sums, *args, scale, group, *extra)
             reduce[(shape.num_heads, shape.num_seqs), num_threads, stream](
-                out, tmp_out, max_logits, exp_sums, args[-1])
+                out, tmp_out, max_logits, exp_sums, args[-1], np.int32(partition_size))
 
     result = out if isinstance(out, torch.Tensor) else torch.from_numpy(out.copy_to_host())
     return result.to(query.dtype)

@@ -1,17 +1,30 @@
-"""Device helpers both kernel files use: constants and block-wide reductions.
+"""Device helpers every kernel file uses: constants, word loads and block-wide reductions.
 
-``cuda.py`` (the teaching kernel and the launcher) and ``cuda_vllm.py`` (the
-vLLM-shaped kernels) import from here and not from each other's bodies.
+``cuda.py`` (the teaching kernel and the launcher), ``cuda_vllm.py`` (the
+grouped phases) and ``cuda_unified.py`` (the unified kernel) import from here
+and not from each other's bodies.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = np.float32(-3.4e38)  # "minus infinity" that stays finite, so max() needs no special case
+WORD_BYTES = 8  # the kernels read the caches as flat 64-bit words: 4 fp16 or 2 fp32 values per load
+
+
+def word_loader(element):
+    """A device function: one 8-byte load from a flat int64 cache, unpacked in registers into ``element`` values."""
+
+    @cuda.jit(device=True, inline=True)
+    def load_word(cache_words, index, word):
+        word[0] = cache_words[uint64(index)]  # unsigned: spares numba's negative-index wraparound code
+        return word.view(element)
+
+    return load_word
 
 
 @cuda.jit(device=True, inline=True)

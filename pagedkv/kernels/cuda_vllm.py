@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -47,15 +48,16 @@ from ..errors import PagedKVValueError
 from .cuda_device import (
     NEG_INF,
     WARP_SIZE,
+    WORD_BYTES,
     _add,
     _max,
     group_sum_shared,
     group_sum_shuffle,
     shuffle_reduction,
     tree_reduction,
+    word_loader,
 )
 
-WORD_BYTES = 8
 FLAVOURS = ("vllm", "vllm-gqa")
 
 
@@ -114,13 +116,32 @@ def flat_words(cache: torch.Tensor) -> torch.Tensor:
     return cache.reshape(-1).view(torch.int64)
 
 
-@functools.cache
-def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits_len: int, dtype: str,
-                       simulated: bool, heads_per_block: int = 1, jit: bool = True):
-    """v1 and v2 kernels for one set of sizes, a cache dtype and a query-head group (cached).
+def grouped_shared_floats(head_size: int, block_size: int, num_threads: int, logits_len: int, dtype: str,
+                          heads: int) -> int:
+    """float32 values of shared memory the grouped phases need: the queries, the logits, the per-warp value rows
+    and two reduction buffers (``grouped_phases``' ``shared_floats``, without building them)."""
+    words = head_size * np.dtype(dtype).itemsize // WORD_BYTES
+    v_rows = WARP_SIZE // min(WARP_SIZE, 1 << (words.bit_length() - 1))
+    out_red = heads * (num_threads // WARP_SIZE) * v_rows * head_size
+    return 2 * heads * head_size + heads * (logits_len + block_size) + out_red + 2 * num_threads
 
-    Launch them on ``(num_heads // heads_per_block, num_seqs[, num_partitions])`` thread blocks.  The caches
-    arrive as flat int64 words (:func:`flat_words`), and ``num_kv_heads`` gives their strides.
+
+@functools.cache
+def grouped_phases(head_size: int, block_size: int, num_threads: int, logits_len: int, dtype: str, simulated: bool,
+                   heads: int):
+    """The grouped mapping's device functions for one set of sizes (cached): what both the decode kernels here and
+    the unified kernel's decode tiles (``cuda_unified.py``) run.
+
+    * ``stage_queries(q_s, query, row, first_head)``: the ``heads`` query rows of one token, as float32;
+    * ``attend_range(q_s, key_words, value_words, block_table, kv_head, num_kv_heads, start, end, scale, logits,
+      red, out_red, exchange, maxes, sums, part)``: softmax attention of those heads over tokens ``[start, end)``
+      (at most ``logits_len`` of them, ``start`` anywhere: a window's first key need not start a block);
+      ``maxes``/``sums`` get each head's max logit and sum of exps, ``part`` (shared, ``[heads * head_size]``) the
+      output, *not yet divided* by the sum (so partitions can be merged, as the v2 reduce and the unified
+      kernel's online softmax do); thread ``t`` writes slots ``t, t + num_threads, ...``, the ones it reads.
+
+    The shared arrays the caller passes are sized by the returned ``q_len``, ``logits_total``, ``out_red_len`` and
+    ``num_threads`` (``red`` and ``exchange``) and ``q_len`` (``part``).
     """
     check_sizes(head_size, block_size, num_threads, dtype)
     element = {"float16": np.float16, "float32": np.float32}[dtype]
@@ -133,10 +154,11 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
     v_words_per_lane = -(-words // v_lanes)
     v_whole = words % v_lanes == 0
     acc_len = v_words_per_lane * per_word  # a register array's length must be a constant
-    heads = heads_per_block
     acc_total = heads * acc_len  # every head's accumulators, in one register array
-    q_len, logits_total = heads * head_size, heads * logits_len  # array sizes must be constants, not expressions
+    q_len = heads * head_size
+    logits_stride = logits_len + block_size  # a range that starts inside a block spills into one more
     out_red_len = heads * num_warps * v_rows * head_size
+    load_word = word_loader(element)
 
     group_sum = (group_sum_shared if simulated else group_sum_shuffle)(group_size)
     if simulated:
@@ -144,11 +166,12 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
     else:
         block_max, block_sum = shuffle_reduction(_max, num_warps), shuffle_reduction(_add, num_warps)
 
-    @cuda.jit(device=True, inline=True)
-    def load_word(cache_words, index, word):
-        """One 8-byte load, unpacked in registers into ``per_word`` values."""
-        word[0] = cache_words[uint64(index)]  # unsigned: spares numba's negative-index wraparound code
-        return word.view(element)
+    @cuda.jit(device=True)
+    def stage_queries(q_s, query, row, first_head):
+        """The ``heads`` query vectors of token ``row``, as float32 in shared memory."""
+        for j in range(cuda.threadIdx.x, q_len, num_threads):
+            q_s[j] = float32(query[row, first_head + j // head_size, j % head_size])
+        cuda.syncthreads()
 
     @cuda.jit(device=True)
     def qk_logits(q_s, key_words, block_table, kv_base, token_stride, block_stride, start, end, scale, logits,
@@ -162,8 +185,9 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
         word = cuda.local.array(1, int64)
         dots = cuda.local.array(heads, float32)
         first_block, last_block = start // block_size, (end + block_size - 1) // block_size
-        for base in range(first_block, last_block, num_warps):  # block-uniform rounds (barriers in the sim)
-            b = base + warp
+        base = first_block * block_size  # logits are indexed from the range's first block
+        for round_start in range(first_block, last_block, num_warps):  # block-uniform rounds (barriers in the sim)
+            b = round_start + warp
             has_block = b < last_block
             physical = int64(block_table[b]) if has_block else int64(0)  # one block-table read per warp and block
             block_start = physical * block_stride + kv_base
@@ -181,14 +205,13 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
                             dots[h] += q_s[uint64(h * head_size + w * per_word + e)] * k
                     w += group_size
                 i = b * block_size + offset
-                valid = has_block and i < end  # the last block's unused slots are masked
+                valid = has_block and i >= start and i < end  # the range's ends may cut a block: masked
                 for h in range(heads):
                     dot = group_sum(exchange, dots[h])
-                    if valid:
-                        logit = dot * scale
-                        if rank == 0:
-                            logits[uint64(h * logits_len + i - start)] = logit
-                        local_max[h] = max(local_max[h], logit)
+                    logit = dot * scale if valid else NEG_INF  # exp(NEG_INF - max) = 0: a key before start weighs 0
+                    if has_block and i < end and rank == 0:
+                        logits[uint64(h * logits_stride + i - base)] = logit
+                    local_max[h] = max(local_max[h], logit)
 
     @cuda.jit(device=True)
     def weighted_values(logits, value_words, block_table, kv_base, token_stride, block_stride, start, end,
@@ -205,13 +228,14 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
         p = cuda.local.array(heads, float32)
         word = cuda.local.array(1, int64)
         first_block, last_block = start // block_size, (end + block_size - 1) // block_size
+        base = first_block * block_size  # tokens of the first block before ``start`` have p = 0
         for b in range(first_block + warp, last_block, num_warps):  # no barrier inside: warps may differ
             block_start = int64(block_table[b]) * block_stride + kv_base + col
             in_block = min(end - b * block_size, block_size)  # tokens of this block in the range
             offset = row
-            while offset < in_block:  # rows row, row + v_rows, ... (a partition starts on a block)
+            while offset < in_block:  # rows row, row + v_rows, ...
                 for h in range(heads):
-                    p[h] = logits[uint64(h * logits_len + b * block_size + offset - start)]
+                    p[h] = logits[uint64(h * logits_stride + b * block_size + offset - base)]
                 for k in range(v_words_per_lane):
                     if v_whole or col + k * v_lanes < words:
                         values = load_word(value_words, block_start + offset * token_stride + k * v_lanes, word)
@@ -231,14 +255,10 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
         cuda.syncthreads()
 
     @cuda.jit(device=True)
-    def attend(out, query, key_words, value_words, block_table, seq, first_head, kv_head, num_kv_heads, start,
-               end, scale, q_s, logits, red, out_red, exchange, maxes, sums):
-        """Softmax attention of ``heads`` queries over tokens [start, end); ``maxes``/``sums`` get, per head,
-        the max logit and the sum of exps; ``out[seq, first_head + h]`` the output of head h over this range."""
+    def attend_range(q_s, key_words, value_words, block_table, kv_head, num_kv_heads, start, end, scale, logits,
+                     red, out_red, exchange, maxes, sums, part):
+        """Softmax attention of the staged ``heads`` queries over tokens [start, end): see ``grouped_phases``."""
         tid = cuda.threadIdx.x
-        for j in range(tid, heads * head_size, num_threads):  # stage the group's queries, as float32
-            q_s[j] = float32(query[seq, first_head + j // head_size, j % head_size])
-        cuda.syncthreads()
         token_stride = int64(num_kv_heads) * words
         block_stride = token_stride * block_size
         kv_base = int64(kv_head) * words
@@ -247,23 +267,43 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
             local_max[h] = NEG_INF
         qk_logits(q_s, key_words, block_table, kv_base, token_stride, block_stride, start, end, scale, logits,
                   local_max, exchange)
+        base = start // block_size * block_size
         for h in range(heads):
             m = block_max(red, local_max[h])
             local_sum = float32(0.0)
-            for j in range(tid, end - start, num_threads):
-                e = math.exp(logits[h * logits_len + j] - m)  # subtract the max: exp never overflows
-                logits[h * logits_len + j] = e
+            for j in range(tid, end - base, num_threads):
+                e = math.exp(logits[h * logits_stride + j] - m)  # subtract the max: exp never overflows
+                logits[h * logits_stride + j] = e
                 local_sum += e
-            maxes[h] = m
+            maxes[h] = m  # every thread writes the same value (``maxes`` may be shared)
             sums[h] = block_sum(red, local_sum)  # its barrier also publishes every logit written above
         weighted_values(logits, value_words, block_table, kv_base, token_stride, block_stride, start, end,
                         out_red)
-        for j in range(tid, heads * head_size, num_threads):  # add up every warp's every row, per head
+        for j in range(tid, q_len, num_threads):  # add up every warp's every row, per head
             h, d = j // head_size, j % head_size
             total = float32(0.0)
             for r in range(num_warps * v_rows):
                 total += out_red[(h * num_warps * v_rows + r) * head_size + d]
-            out[seq, first_head + h, d] = total / sums[h]
+            part[j] = total  # only this thread reads part[j] next: no barrier needed for it
+        cuda.syncthreads()  # out_red and logits are free for the next range
+
+    return SimpleNamespace(stage_queries=stage_queries, attend_range=attend_range, q_len=q_len,
+                           logits_total=heads * logits_stride, out_red_len=out_red_len,
+                           shared_floats=2 * q_len + heads * logits_stride + out_red_len + 2 * num_threads)
+
+
+@functools.cache
+def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits_len: int, dtype: str,
+                       simulated: bool, heads_per_block: int = 1, jit: bool = True):
+    """v1 and v2 kernels for one set of sizes, a cache dtype and a query-head group (cached).
+
+    Launch them on ``(num_heads // heads_per_block, num_seqs[, num_partitions])`` thread blocks.  The caches
+    arrive as flat int64 words (:func:`flat_words`), and ``num_kv_heads`` gives their strides.
+    """
+    heads = heads_per_block
+    phases = grouped_phases(head_size, block_size, num_threads, logits_len, dtype, simulated, heads)
+    stage_queries, attend_range = phases.stage_queries, phases.attend_range
+    q_len, logits_total, out_red_len = phases.q_len, phases.logits_total, phases.out_red_len
 
     def paged_attention_v1(out, query, key_words, value_words, block_tables, seq_lens, scale, num_queries_per_kv,
                            num_kv_heads):
@@ -275,14 +315,17 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
         exchange = cuda.shared.array(num_threads, float32)
         maxes = cuda.local.array(heads, float32)
         sums = cuda.local.array(heads, float32)
-        attend(out, query, key_words, value_words, block_tables[seq], seq, first_head,
-               first_head // num_queries_per_kv, num_kv_heads, 0, seq_lens[seq], scale,
-               q_s, logits, red, out_red, exchange, maxes, sums)
+        part = cuda.shared.array(q_len, float32)
+        stage_queries(q_s, query, seq, first_head)
+        attend_range(q_s, key_words, value_words, block_tables[seq], first_head // num_queries_per_kv, num_kv_heads,
+                     0, seq_lens[seq], scale, logits, red, out_red, exchange, maxes, sums, part)
+        for j in range(cuda.threadIdx.x, q_len, num_threads):
+            out[seq, first_head + j // head_size, j % head_size] = part[j] / sums[j // head_size]
 
     def paged_attention_v2(tmp_out, max_logits, exp_sums, query, key_words, value_words, block_tables,
                            seq_lens, scale, num_queries_per_kv, num_kv_heads):
-        first_head, seq, part = cuda.blockIdx.x * heads, cuda.blockIdx.y, cuda.blockIdx.z
-        start = part * logits_len  # a multiple of block_size: partitions start on a block
+        first_head, seq, partition = cuda.blockIdx.x * heads, cuda.blockIdx.y, cuda.blockIdx.z
+        start = partition * logits_len
         seq_len = seq_lens[seq]
         if start >= seq_len:
             return
@@ -293,13 +336,18 @@ def build_vllm_kernels(head_size: int, block_size: int, num_threads: int, logits
         exchange = cuda.shared.array(num_threads, float32)
         maxes = cuda.local.array(heads, float32)
         sums = cuda.local.array(heads, float32)
-        attend(tmp_out[:, :, part], query, key_words, value_words, block_tables[seq], seq, first_head,
-               first_head // num_queries_per_kv, num_kv_heads, start, min(start + logits_len, seq_len), scale,
-               q_s, logits, red, out_red, exchange, maxes, sums)
+        part = cuda.shared.array(q_len, float32)
+        stage_queries(q_s, query, seq, first_head)
+        attend_range(q_s, key_words, value_words, block_tables[seq], first_head // num_queries_per_kv, num_kv_heads,
+                     start, min(start + logits_len, seq_len), scale, logits, red, out_red, exchange, maxes, sums,
+                     part)
+        for j in range(cuda.threadIdx.x, q_len, num_threads):
+            h = j // head_size
+            tmp_out[seq, first_head + h, partition, j % head_size] = part[j] / sums[h]
         if cuda.threadIdx.x == 0:
             for h in range(heads):
-                max_logits[seq, first_head + h, part] = maxes[h]
-                exp_sums[seq, first_head + h, part] = sums[h]
+                max_logits[seq, first_head + h, partition] = maxes[h]
+                exp_sums[seq, first_head + h, partition] = sums[h]
 
     kernels = (paged_attention_v1, paged_attention_v2)
     if not jit:

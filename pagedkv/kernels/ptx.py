@@ -3,15 +3,17 @@
 The simulator runs kernels as Python, so it never type-checks them; this
 compiles them with NVVM (from NVIDIA's pip wheels) exactly as a GPU run would,
 and looks for float64 arithmetic that would slow them down.  numba.cuda must be
-in *real* mode for this, so run it as its own process::
+in *real* mode for this; run as its own process it switches the simulator off
+for itself (it only compiles, so no GPU is needed)::
 
-    NUMBA_ENABLE_CUDASIM=0 python -m pagedkv.kernels.ptx --cc 9.0
+    python -m pagedkv.kernels.ptx --cc 9.0
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -28,7 +30,7 @@ def signatures(dtype: str, words: bool = False) -> dict:
         "v1": f"void(float32[:, :, ::1], {common})",
         "v2": f"void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], {common})",
         "reduce": "void(float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
-                  "int32[::1])",
+                  "int32[::1], int32)",
     }
 
 
@@ -54,6 +56,19 @@ def report_missing_toolkit(run) -> int:
             raise
         print(f"pagedkv: {hint}", file=sys.stderr)
         return 2
+
+
+def without_simulator(module: str, argv) -> int | None:
+    """Compiling needs numba.cuda in real mode, which it cannot enter once imported in the simulator: then run
+    ``python -m module argv`` again with ``NUMBA_ENABLE_CUDASIM=0`` and return its exit code (None: already real)."""
+    from .backend import AUTO_MARKER, imported_cuda_is_simulator
+
+    if not imported_cuda_is_simulator():
+        return None
+    env = {k: v for k, v in os.environ.items() if k != AUTO_MARKER}
+    env["NUMBA_ENABLE_CUDASIM"] = "0"  # the user's setting now: pagedkv keeps it
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return subprocess.run([sys.executable, "-m", module, *argv], env=env).returncode
 
 
 def fp64_lines(ptx: str) -> list[str]:
@@ -92,25 +107,32 @@ def compile_one(flavour: str, kernel: str, dtype: str, cc=(9, 0), head_size=128,
     return ptx
 
 
-def unified_signature(dtype: str) -> str:
-    """numba type signature of ``cuda_unified``'s kernel for a cache dtype."""
-    return (f"void(float32[:, :, ::1], {dtype}[:, :, ::1], {dtype}[:, :, :, ::1], {dtype}[:, :, :, ::1], int32[::1], "
-            "int32[::1], int32[:, ::1], float32, int32)")
+def unified_signature(dtype: str, head_size: int = 128) -> str:
+    """numba type signature of ``cuda_unified``'s kernel for a cache dtype (the caches as flat words)."""
+    from .cuda_unified import word_bytes
+
+    words = {8: "int64", 4: "int32", 2: "int16"}[word_bytes(head_size, {"float16": 2, "float32": 4}[dtype])]
+    return (f"void(float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
+            f"{dtype}[:, :, ::1], {words}[::1], {words}[::1], int32[::1], int32[::1], int32[:, ::1], float32, int32, "
+            "int32, int32)")
 
 
 def compile_unified(dtype: str, cc=(9, 0), head_size=128, block_size=16, num_threads=128, block_q=4, gqa=4,
-                    sliding_window=0) -> str:
+                    sliding_window=0, split=False, partition_size=None, decodes_only=False) -> str:
     """PTX of the unified kernel (``cuda_unified.py``) for tiles of ``block_q`` queries x ``gqa`` query heads."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         raise PagedKVError("run with NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX.")
     from numba import cuda
     from numba.cuda import dispatcher
 
-    from .cuda_unified import build_unified_kernel
+    from .cuda_unified import build_unified_kernel, launch_bounds
 
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)  # see compile_one
-    kernel = build_unified_kernel(head_size, block_size, num_threads, block_q, gqa, sliding_window, jit=False)
-    ptx, _ = cuda.compile_ptx(kernel, unified_signature(dtype), cc=cc)
+    kernel = build_unified_kernel(head_size, block_size, num_threads, block_q, gqa, sliding_window, dtype,
+                                  simulated=False, partition_size=partition_size, split=split,
+                                  decodes_only=decodes_only, jit=False)
+    ptx, _ = cuda.compile_ptx(kernel, unified_signature(dtype, head_size), cc=cc,
+                              launch_bounds=launch_bounds(num_threads, cc, gqa, head_size, decodes_only))
     return ptx
 
 
@@ -121,7 +143,9 @@ def compile_all(cc=(9, 0), head_size=128, block_size=16, logits_len=512) -> dict
     ptx = {(flavour, dtype, name): compile_one(flavour, name, dtype, cc, head_size, block_size, logits_len)
            for flavour in FLAVOURS for dtype in ("float16", "float32") for name in ("v1", "v2", "reduce")}
     for dtype in ("float16", "float32"):
-        ptx["unified", dtype, "tile"] = compile_unified(dtype, cc, head_size, block_size)
+        ptx["unified", dtype, "2-D"] = compile_unified(dtype, cc, head_size, block_size)
+        ptx["unified", dtype, "3-D"] = compile_unified(dtype, cc, head_size, block_size, block_q=1, sliding_window=64,
+                                                       split=True, decodes_only=True)
     return ptx
 
 
@@ -129,6 +153,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 8.0 or 9.0")
     args = parser.parse_args(argv)
+    rerun = without_simulator("pagedkv.kernels.ptx", argv)
+    if rerun is not None:
+        return rerun
     cc = tuple(int(x) for x in args.cc.split("."))
     return report_missing_toolkit(lambda: print_report(cc))
 

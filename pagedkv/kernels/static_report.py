@@ -23,7 +23,11 @@ What is measured, and what is an estimate:
 
 The unified kernel (``cuda_unified.py``) gets its own rows, for a prefill tile
 (vLLM's ``16 // gqa`` queries) and a decode tile (one query), counted per
-(query head, key): see :func:`unified_loops`.
+(query head, key): see :func:`unified_loops` and :func:`decode_tile_loops`.
+
+It only compiles, so it switches numba's simulator off for itself: run as
+``python -m pagedkv.kernels.static_report`` on a machine with no GPU, it starts
+itself again with ``NUMBA_ENABLE_CUDASIM=0`` (``ptx.without_simulator``).
 
 Run it as ``python benchmarks/bench_attention.py --static``.
 """
@@ -261,44 +265,65 @@ UNIFIED_TILES = ("prefill", "decode")  # a tile of vLLM's 16 // gqa queries, or 
 
 
 def unified_loops(lines: list[str], head_size: int, block_m: int) -> dict:
-    """Warp instructions per (query head, key) in the unified kernel's three streaming loops.
+    """Warp instructions per (query head, key) in a prefill tile's three streaming loops.
 
-    * ``K``: ``qk_logits``' dot product (both operands from shared memory: an FFMA and two LDS per element);
-    * ``V``: ``weighted_values``' sum over a page's keys (the same shape);
-    * ``load``: ``load_page``, which copies a page's fp16 K and V rows to shared memory once for the tile's
-      ``block_m`` rows, so its cost per (query head, key) is divided by ``block_m``.
+    * ``K``: ``qk_logits``' dot product (both operands from shared memory: a K value loaded once for the rows a
+      thread owns);
+    * ``V``: ``weighted_values``' sum over a page's keys (a value loaded once for the rows a thread owns);
+    * ``load``: ``load_page``, which copies a page's fp16 K and V words (8-byte loads) to shared memory once for
+      the tile's ``block_m`` rows, so its cost per (query head, key) is divided by ``block_m``.
 
-    A loop's cost: ``n / f`` instructions per FFMA (``n / e`` per fp16 element loaded), times the ``head_size``
-    FFMAs (``2 * head_size`` elements) one (row, key) pair needs, over 32 lanes.  The K and V loops are the
-    innermost loops whose FFMAs read both operands from shared memory (at least one LDS per FFMA), in that
-    order; ``load`` is the last loop that loads fp16 and multiplies nothing (``stage_queries`` comes before it).
-    The softmax and the block-table reads are not counted: a lower bound, as for the decode kernels.
+    A loop's cost: ``n / f`` instructions per FFMA, times the ``head_size`` FFMAs one (row, key) pair needs, over
+    32 lanes (``load``: ``n / e`` per fp16 element, ``2 * head_size`` elements).  The K and V loops are the first
+    two innermost loops that multiply (FFMA) and read shared memory (LDS) but neither load the cache (the decode
+    tile's loops do) nor exponentiate (MUFU: the softmax); ``load`` is the first loop whose global loads are all
+    8-byte words and that multiplies nothing (the queries are staged with 2-byte loads).  The softmax and the
+    block-table reads are not counted: a lower bound, as for the decode kernels.
     """
     shared, loading = [], []
     for _, _, body in innermost_loops(lines):
         ops = [opcode(text) for text in body]
         ffma = sum(op.startswith("FFMA") for op in ops)
         lds = sum(op.startswith("LDS") for op in ops)
-        elements = sum(fp16_elements_loaded(text) for text in body)
-        if ffma and lds >= ffma and not any(op.startswith("MUFU") for op in ops):
+        loads = [fp16_elements_loaded(text) for text in body if opcode(text).startswith("LDG")]
+        elements = sum(loads)
+        if ffma and lds and not elements and not any(op.startswith("MUFU") for op in ops):
             shared.append(len(body) / ffma * head_size / 32)
-        elif elements and not ffma:
+        elif loads and all(n >= 4 for n in loads) and not ffma:
             loading.append(len(body) / elements * 2 * head_size / 32 / block_m)
-    if len(shared) != 2 or not loading:
-        raise PagedKVError(f"expected the unified kernel's K and V loops and a page-load loop in the SASS, found "
-                           f"{len(shared)} shared-memory FFMA loops and {len(loading)} load loops.")
-    return {"K": shared[0], "V": shared[1], "load": loading[-1]}
+    if len(shared) < 2 or not loading:
+        raise PagedKVError(f"expected the prefill tile's K and V loops and a page-load loop in the SASS, found "
+                           f"{len(shared)} shared-memory FFMA loops and {len(loading)} word-load loops.")
+    return {"K": shared[0], "V": shared[1], "load": loading[0]}
+
+
+def decode_tile_loops(lines: list[str], head_size: int, gqa: int) -> dict:
+    """Warp instructions per (query head, key) of a decode tile: its K and V loops load the cache straight into
+    FFMAs (the grouped decode kernel's), counted as the decode kernels are (:func:`instructions_per_token`) and
+    shared by the ``gqa`` query heads of the group; nothing is staged, so ``load`` is 0."""
+    loops = cache_loops(lines)
+    if len(loops) != 2:
+        raise PagedKVError(f"expected the decode tile's K and V loops in the SASS, found {len(loops)} cache loops.")
+    k, v = (instructions_per_token(loop, head_size) / gqa for loop in loops)
+    return {"K": k, "V": v, "load": 0.0}
 
 
 def measure_unified(tile: str, head_size: int, cc: tuple[int, int], threads: int = 128, block_size: int = 16,
                     gqa: int = 4) -> dict:
-    """One row for the unified kernel's fp16 tile: what the linker says, occupancy, and its streaming loops."""
+    """One row for the unified kernel's fp16 tile: what the linker says, occupancy, and its streaming loops.
+
+    ``prefill``: the kernel a mixed batch runs (both tiles), tiles of ``16 // gqa`` queries; ``decode``: the one a
+    batch of decodes runs (``block_q = 1``, the decode tile alone)."""
     from .cuda_unified import choose_block_q
     from .ptx import compile_unified
 
-    block_q = choose_block_q(head_size, block_size, gqa, decodes_only=tile == "decode")
-    cubin, info = link(compile_unified("float16", cc, head_size, block_size, threads, block_q, gqa), cc)
-    loops = unified_loops(kernel_sass(disassemble(cubin), "unified_attention"), head_size, block_q * gqa)
+    decodes_only = tile == "decode"
+    block_q = 1 if decodes_only else choose_block_q(head_size, block_size, gqa)
+    ptx = compile_unified("float16", cc, head_size, block_size, threads, block_q, gqa, decodes_only=decodes_only)
+    cubin, info = link(ptx, cc)
+    lines = kernel_sass(disassemble(cubin), "unified_attention")
+    loops = decode_tile_loops(lines, head_size, gqa) if decodes_only else unified_loops(lines, head_size,
+                                                                                       block_q * gqa)
     return dict(tile=tile, block_q=block_q, head_size=head_size, gqa=gqa, sm=f"sm_{cc[0]}{cc[1]}",
                 registers=info.registers, spill_bytes=info.spill_bytes, shared_bytes=info.shared_bytes,
                 local_bytes=info.local_bytes, occupancy=occupancy(info, threads, cc), loops=loops)
@@ -345,8 +370,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the rows to this file (notebook 08's roofline reads "
                                        "pagedkv/data/static_estimates.json)")
     args = parser.parse_args(argv)
-    from .ptx import report_missing_toolkit
+    from .ptx import report_missing_toolkit, without_simulator
 
+    rerun = without_simulator("pagedkv.kernels.static_report", argv)  # it only compiles: no simulator
+    if rerun is not None:
+        return rerun
     return report_missing_toolkit(lambda: print_report(args))
 
 

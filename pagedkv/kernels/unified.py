@@ -34,10 +34,11 @@ a long prompt, or the tokens after a prefix-cache hit, is anything between::
                                      sliding_window=2)  # each query sees itself and the token before
 
 Backends: ``"cuda"`` (``cuda_unified.py``: a thread block per (query tile, KV
-head), the decode kernel's phases plus a tile of queries and a mask; the
-simulator without a GPU), ``"cpu"`` (below: the whole batch as two padded
-tensor programs, one for decodes and one for longer chunks, gathered page by
-page and run through torch's SDPA with an explicit mask), ``"torch"`` (the
+head[, segment]): a decode tile runs the grouped decode kernel's phases, a
+prefill tile stages a page for its rows and masks; the simulator without a
+GPU), ``"cpu"`` (below: the decodes through the numba twin in place, the longer
+chunks gathered page by page and run through torch's SDPA with an explicit
+mask, in a few padded rectangles), ``"torch"`` (the
 dense reference, one sequence at a time), ``"auto"`` (``"cuda"`` on a GPU,
 else ``"cpu"``).
 

@@ -14,8 +14,9 @@ only the type differs).
 Two modes:
 
 * **student mode** (the default): prints ``[ok]`` or ``[not yet]`` and never raises;
-* **grading mode**: a wrong or missing answer raises ``AssertionError`` with
-  the same message, so ``nbgrader autograde`` gives the exercise no points.  It
+* **grading mode**: a wrong or missing answer raises ``CheckFailed`` (an
+  ``AssertionError``) with the same message, so ``nbgrader autograde`` gives the
+  exercise no points; the feedback shows ``AssertionError: <the message>``.  It
   is on by itself under nbgrader, which sets ``NBGRADER_EXECUTION`` to
   ``autograde`` (or ``validate``) for the kernels it runs; ``check.grading()``
   or ``PAGEDKV_GRADING=1`` switch it on anywhere else.  (The check cells need no

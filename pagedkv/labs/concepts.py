@@ -139,9 +139,8 @@ COURSE: tuple[Notebook, ...] = (
     Notebook(13, "hybrid_kv_cache", "serving", "sliding-window layers give their blocks back: KV cache groups",
              "0.33 only (v0 had no KV cache groups)"),
     Notebook(14, "speculative_decoding", "serving", "draft tokens verified in one step, and what a rejection undoes",
-             "0.33's lookahead slots and rollback (issue #47)",
-             planned=(("spec-decode",), ("token-budget", "num-computed-tokens", "cu-seqlens-q", "block-table",
-                                         "allocate-slots"))),
+             "0.33's drafts scheduled as query tokens and rolled back; 0.6.3 speculated in a worker of its own "
+             "(`vllm/spec_decode/`), its scheduler reserving `num_lookahead_slots`"),
     Notebook(15, "kv_offloading", "serving", "a CPU tier under the prefix cache: swap's memory without swap",
              "v0's swap beside 0.33's offloading connector (issue #43)",
              planned=(("kv-connector", "kv-offloading"), ("prefix-hash", "prefix-cache-hit", "cached-free-block",

@@ -584,6 +584,42 @@ def _next_step_metadata(cumulative: bool = True, causal_offset: bool = True):
     return (cu_seqlens_q if cumulative else q_lens), keys
 
 
+# ----------------------------------------------------------- speculative decoding
+def _rollback_at_a_block_boundary(accepted: int = 1, cached_past_drafts: bool = False):
+    """Blocks of 16, a decode at num_tokens 28 / num_computed_tokens 27 with 6 drafts, ``accepted`` of them accepted:
+    (blocks held, num_computed_tokens, blocks in the prefix cache), replayed on the v1 scheduler. The mistakes:
+    blocks given back at the rollback, or the drafts' block cached."""
+    from ..v1 import KVCacheManager, Scheduler
+
+    kv = KVCacheManager(16, 8)
+    scheduler = Scheduler(kv, num_spec_tokens=6)
+    scheduler.add_request("r", list(range(27)), 40)
+    scheduler.update_from_output(scheduler.schedule(), {"r": 27})  # 28 tokens, 27 computed
+    drafts = list(range(100, 106))
+    scheduler.update_draft_token_ids({"r": drafts})
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, {"r": drafts[:accepted] + [200]})
+    request, table = scheduler.requests["r"], kv.get_block_ids("r")
+    cached = sum(kv.block_pool.block_hash(b) is not None for b in table)
+    if cached_past_drafts:  # as if blocks were cached up to num_computed_tokens when scheduled (34 slots)
+        cached = (request.num_computed_tokens + 6 - accepted) // 16
+    return len(table), request.num_computed_tokens, cached
+
+
+def _lookahead_blocks():
+    """Blocks of 16, num_tokens 12 / num_computed_tokens 11, 3 drafts: the blocks ``allocate_slots`` leaves the table
+    with for n-gram (no lookahead) and for EAGLE (``num_lookahead_tokens = num_speculative_tokens = 3``)."""
+    from ..v1 import KVCacheManager, Request
+
+    blocks = []
+    for lookahead in (0, 3):
+        kv = KVCacheManager(16, 8)
+        request = Request("r", list(range(12)), 20, num_computed_tokens=11)
+        kv.allocate_slots(request, 1 + 3, num_lookahead_tokens=lookahead)
+        blocks.append(len(kv.get_block_ids("r")))
+    return tuple(blocks)
+
+
 EXERCISES: dict[str, Exercise] = {
     "tp4-blocks-per-gpu": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4",
                       notebook="block_size_arithmetic", expected=_tp4_blocks_per_gpu,
@@ -781,6 +817,30 @@ EXERCISES: dict[str, Exercise] = {
                            "the hit ends after that run, and the full group serves any shorter prefix.",
                       mistakes=((lambda: (24, 4), "that is the full group's hit alone; the sliding group needs the 2 "
                                  "blocks just before the hit point cached, and block 5 is not."),)),
+    "spec-rollback-blocks": Exercise(
+        "(blocks held, num_computed_tokens, blocks in the prefix cache)", notebook="speculative_decoding",
+        expected=_rollback_at_a_block_boundary,
+        hint="the step schedules the last token and every draft, and allocate_slots gives them all slots; "
+             "update_from_output rolls back only num_computed_tokens, and a block is hashed only up to num_tokens "
+             "as it was when the step was scheduled.",
+        mistakes=((lambda: (2, 29, 1), "a rejection gives no block back: the table keeps the block the drafts were "
+                   "given (vLLM frees blocks only when a request finishes or is preempted)."),
+                  (lambda: (3, 34, 1), "num_computed_tokens is rolled back by the rejected drafts: "
+                   "num_computed_tokens -= num_rejected."),
+                  (lambda: (3, 30, 1), "the token the target adds (the replacement for the first rejected draft) "
+                   "has no K/V yet: it is computed next step, as any sampled token."),
+                  (lambda: _rollback_at_a_block_boundary(cached_past_drafts=True),
+                   "blocks are cached only up to request.num_tokens when the step is scheduled (28), never for a "
+                   "draft's slot."))),
+    "spec-lookahead-blocks": Exercise(
+        "(blocks with n-gram drafts, blocks with EAGLE)", notebook="speculative_decoding", expected=_lookahead_blocks,
+        hint="count the slots: the computed tokens, the step's query rows (the last token and the drafts), and for "
+             "a drafter that writes its own K/V, num_lookahead_tokens more.",
+        mistakes=((lambda: (1, 1), "EAGLE writes K/V for its own guesses past the scheduled tokens: allocate_slots "
+                   "adds num_lookahead_tokens (= num_speculative_tokens for EAGLE) slots."),
+                  (lambda: (2, 2), "prompt lookup writes no K/V of its own (num_lookahead_tokens = 0): 11 computed "
+                   "+ 4 query rows = 15 slots."),
+                  (lambda: (1, 3), "the lookahead adds 3 slots, not 3 blocks."))),
 }
 
 

@@ -180,8 +180,14 @@ class KVCacheManager:
         return needed <= self.num_free_blocks
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_block_ids=None, full_sequence_must_fit: bool = False):
+                       new_computed_block_ids=None, num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False):
         """Slots for ``num_new_tokens`` after the request's computed tokens (and its new cache hits).
+
+        ``num_new_tokens`` may include draft tokens (speculative decoding): they get slots like any token, but only
+        tokens up to ``request.num_tokens`` are ever cached, never a draft that may be rejected (vLLM 0.33's
+        "non-committable tokens" note). ``num_lookahead_tokens``: slots past those, for a drafter (EAGLE, a draft
+        model) that writes K/V of its own guesses; n-gram passes 0.
 
         First a sliding group gives back the blocks that left the window (vLLM does this even when the call then
         fails: they are no longer needed either way). Returns the blocks newly taken from the free queue (a list,
@@ -189,6 +195,7 @@ class KVCacheManager:
         ``full_sequence_must_fit``, when ``can_fit_full_sequence`` says no; then nothing else changed.
         """
         check_int("num_new_tokens", num_new_tokens, minimum=0)
+        check_int("num_lookahead_tokens", num_lookahead_tokens, minimum=0)
         hits = self._hits_by_group(new_computed_block_ids)
         request_id, coordinator = request.request_id, self.coordinator
         if full_sequence_must_fit and not self.can_fit_full_sequence(request, new_computed_block_ids,
@@ -196,8 +203,8 @@ class KVCacheManager:
             return None
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         coordinator.remove_skipped_blocks(request_id, num_computed)
-        needed = coordinator.get_num_blocks_to_allocate(request_id, num_computed + num_new_tokens, hits,
-                                                        num_computed)
+        num_tokens_need_slot = num_computed + num_new_tokens + num_lookahead_tokens
+        needed = coordinator.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hits, num_computed)
         if needed > self.num_free_blocks:
             return None
         is_new = request_id not in self.num_slots
@@ -207,7 +214,7 @@ class KVCacheManager:
                 num_hits = num_new_computed_tokens // self.block_size
                 self.block_pool.stats.hits += num_hits
                 self.block_pool.stats.misses += request.num_tokens // self.block_size - num_hits
-        new = coordinator.allocate_new_blocks(request_id, num_computed + num_new_tokens)
+        new = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
         self.num_slots[request_id] = num_computed + num_new_tokens
         num_cached = min(num_computed + num_new_tokens, request.num_tokens)
         if self.block_pool.prefix_caches is not None:
@@ -239,7 +246,8 @@ class KVCacheManager:
                     if block_id == self.null_block:
                         continue
                     users.setdefault(block_id, []).append(request_id)
-                    filled[block_id] = min(self.block_size, self.num_slots[request_id] - i * self.block_size)
+                    filled[block_id] = max(0, min(self.block_size,  # a block kept past a rejected draft: 0
+                                                  self.num_slots[request_id] - i * self.block_size))
         free_pos = {b: i for i, b in enumerate(self.allocator.free_block_ids())}
         caching = self.block_pool.prefix_caches is not None
         blocks = []

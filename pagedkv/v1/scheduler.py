@@ -18,6 +18,15 @@ budget of ``max_num_batched_tokens`` so that requests catch up:
    steps later.
 
 A request samples a token only in a step whose chunk reaches the end of its tokens.
+
+**Speculative decoding** (vLLM 0.33 the same: ``num_tokens_with_spec``, ``scheduled_spec_decode_tokens``,
+``update_draft_token_ids``, the rollback in ``update_from_output``): a running request's draft tokens
+(``spec_token_ids``, set after the step that sampled) count as tokens to catch up, so a decode asks the budget for
+``1 + k`` tokens and ``allocate_slots`` gives the drafts KV slots like any token (plus ``num_lookahead_tokens``
+past them for a drafter that writes its own K/V: none for n-gram). The target verifies them in that step's forward;
+``update_from_output`` receives the accepted drafts and one more token, and rolls ``num_computed_tokens`` back by
+the rejected ones, whose slots the next step overwrites. The blocks stay: a request keeps the blocks its drafts
+were given, and the prefix cache names a block only when ``num_tokens`` (never a draft) fills it.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from ..errors import DuplicateSequenceError, PagedKVValueError
 from ..sampling import SamplingParams
 from ..validate import check_hashable, check_int, check_token_ids
 from .kv_cache_manager import KVCacheManager
+from .spec_decode.metrics import SpecDecodingStats
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +63,8 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its (last) admission
     shared_prefix_boundary: int = 0  # end of a prefix shared with an earlier request, set at each lookup; 0: none
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in its next step
+    is_prefill_chunk: bool = False  # its last scheduled chunk stopped short of its tokens (samples nothing)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -61,6 +73,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Its tokens and its drafts: what ``num_computed_tokens`` catches up to in a step."""
+        return self.num_tokens + len(self.spec_token_ids)
 
 
 @dataclass
@@ -71,6 +88,7 @@ class SchedulerOutput:
     scheduled_new_reqs: list = field(default_factory=list)  # admitted from waiting this step
     scheduled_running_reqs: list = field(default_factory=list)  # were running already
     preempted_req_ids: list = field(default_factory=list)
+    scheduled_spec_decode_tokens: dict = field(default_factory=dict)  # request_id -> draft tokens to verify
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -85,11 +103,15 @@ class Scheduler:
     """One token budget over ``running`` then ``waiting``, on a :class:`KVCacheManager`."""
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True):
+                 long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
+                 num_spec_tokens: int = 0, num_lookahead_tokens: int = 0):
         """``scheduler_reserve_full_isl`` (vLLM 0.33's ``SchedulerConfig`` setting, on by default): admit a
         waiting or preempted request only if its full input sequence (``num_tokens``) fits the free blocks, not just
         its first chunk
-        ("prevents over-admission and KV cache thrashing with chunked prefill")."""
+        ("prevents over-admission and KV cache thrashing with chunked prefill").
+        ``num_spec_tokens``: the most drafts a request verifies per step (0: no speculation);
+        ``num_lookahead_tokens``: slots reserved past the scheduled tokens for a drafter's own K/V (vLLM's
+        ``VllmConfig.num_lookahead_tokens``; 0 for n-gram)."""
         if not isinstance(kv_cache_manager, KVCacheManager):
             raise PagedKVValueError(f"kv_cache_manager must be a pagedkv.v1.KVCacheManager, got "
                                     f"{type(kv_cache_manager).__name__}.")
@@ -102,6 +124,9 @@ class Scheduler:
             raise PagedKVValueError(f"scheduler_reserve_full_isl must be True (admit a request only if its whole "
                                     f"sequence fits, vLLM's default) or False, got {scheduler_reserve_full_isl!r}.")
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
+        self.num_spec_tokens = check_int("num_spec_tokens", num_spec_tokens, minimum=0)
+        self.num_lookahead_tokens = check_int("num_lookahead_tokens", num_lookahead_tokens, minimum=0)
+        self.spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)  # every draft verified so far
         self.requests: dict = {}  # request_id -> Request, every unfinished one
         self.finished: dict = {}  # request_id -> its output token ids, in finishing order
         self._waiting: deque[Request] = deque()
@@ -155,6 +180,8 @@ class Scheduler:
             self._schedule_waiting(out, budget, threshold)
         for request_id, num_tokens in out.num_scheduled_tokens.items():  # vLLM: _update_after_schedule
             self.requests[request_id].num_computed_tokens += num_tokens
+            self.requests[request_id].is_prefill_chunk = (self.requests[request_id].num_computed_tokens
+                                                          < self.requests[request_id].num_tokens)
         return out
 
     def _long_prefill_threshold(self) -> int:
@@ -166,7 +193,7 @@ class Scheduler:
     @staticmethod
     def _chunk(request: Request, num_computed: int, budget: int, threshold: int) -> int:
         """How many of the request's uncomputed tokens fit this step."""
-        num_new = request.num_tokens - num_computed
+        num_new = request.num_tokens_with_spec - num_computed
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
@@ -176,7 +203,8 @@ class Scheduler:
         while i < len(self._running) and budget > 0:
             request = self._running[i]
             num_new = self._chunk(request, request.num_computed_tokens, budget, threshold)
-            while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+            while self.kv_cache_manager.allocate_slots(request, num_new,
+                                                       num_lookahead_tokens=self.num_lookahead_tokens) is None:
                 victim = self._running.pop()  # FCFS: the latest arrival goes first
                 self._preempt(victim, out)
                 if victim is request:
@@ -186,6 +214,12 @@ class Scheduler:
                 out.scheduled_running_reqs.append(request.request_id)
                 budget -= num_new
                 i += 1
+                if request.spec_token_ids:  # the drafts that fit the chunk (the budget may cut some)
+                    num_scheduled_spec_tokens = num_new + request.num_computed_tokens - request.num_tokens
+                    if num_scheduled_spec_tokens > 0:
+                        out.scheduled_spec_decode_tokens[request.request_id] = \
+                            request.spec_token_ids[:num_scheduled_spec_tokens]
+                    request.spec_token_ids = []  # new ones come from update_draft_token_ids after the step
                 continue
             break  # the request itself was preempted: nobody after it runs either
         return budget
@@ -196,6 +230,7 @@ class Scheduler:
             hits, num_cached = self.kv_cache_manager.get_computed_blocks(request)
             num_new = self._chunk(request, num_cached, budget, threshold)
             if self.kv_cache_manager.allocate_slots(request, num_new, num_cached, hits,
+                                                    num_lookahead_tokens=self.num_lookahead_tokens,
                                                     full_sequence_must_fit=self.scheduler_reserve_full_isl) is None:
                 break
             self._waiting.popleft()
@@ -211,29 +246,44 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.num_recomputed_tokens += request.num_computed_tokens
         request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting.appendleft(request)
         out.preempted_req_ids.append(request.request_id)
         out.num_scheduled_tokens.pop(request.request_id, None)
+        out.scheduled_spec_decode_tokens.pop(request.request_id, None)
         for queue in (out.scheduled_running_reqs, out.scheduled_new_reqs):
             if request.request_id in queue:
                 queue.remove(request.request_id)
 
     def sampling_request_ids(self, out: SchedulerOutput) -> list:
-        """The scheduled requests whose chunk reaches the end of their tokens: they sample this step."""
+        """The scheduled requests whose chunk reaches the end of their tokens (and any drafts): they sample
+        this step."""
         return [r for r in out.num_scheduled_tokens
-                if self.requests[r].num_computed_tokens == self.requests[r].num_tokens]
+                if self.requests[r].num_computed_tokens >= self.requests[r].num_tokens]
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict) -> list:
-        """Append each sampled token; finish requests that hit ``max_tokens`` or a stop token. Returns the
-        request ids finished in this step."""
+        """Append each sampled token (a request that verified drafts: its list, the accepted drafts and one more);
+        roll ``num_computed_tokens`` back by the rejected drafts; finish requests that hit ``max_tokens`` or a
+        stop token (tokens after it are dropped). Returns the request ids finished in this step."""
         done = []
         for request_id in self.sampling_request_ids(out):
             request = self.requests[request_id]
-            token = sampled[request_id]
-            request.output_token_ids.append(token)
-            if len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids:
+            new_token_ids = sampled[request_id]
+            new_token_ids = [new_token_ids] if isinstance(new_token_ids, int) else list(new_token_ids)
+            draft = out.scheduled_spec_decode_tokens.get(request_id)
+            if draft:  # vLLM: num_rejected = num_draft_tokens - num_accepted; their slots are written again
+                num_accepted = len(new_token_ids) - 1
+                request.num_computed_tokens -= len(draft) - num_accepted
+                self.spec_decoding_stats.observe_draft(len(draft), num_accepted)
+            stopped = False
+            for token in new_token_ids:
+                request.output_token_ids.append(token)
+                stopped = len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids
+                if stopped:
+                    break
+            if stopped:
                 self.kv_cache_manager.free(request)
                 self._running.remove(request)
                 request.status = RequestStatus.FINISHED
@@ -241,6 +291,18 @@ class Scheduler:
                 del self.requests[request_id]
                 done.append(request_id)
         return done
+
+    def update_draft_token_ids(self, draft_token_ids: dict) -> None:
+        """Give each running request its new drafts (``{request_id: tokens}``), to verify in its next step;
+        finished requests and those still in a prefill chunk get none (vLLM: ``update_draft_token_ids``)."""
+        for request_id, spec_token_ids in draft_token_ids.items():
+            request = self.requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
+            if request.is_prefill_chunk:  # it sampled nothing this step: no drafts
+                request.spec_token_ids = []
+                continue
+            request.spec_token_ids = list(spec_token_ids)[:self.num_spec_tokens]
 
     def finish_ignored(self, request_id) -> None:
         """Finish a waiting request that can never fit, with the tokens it has (the engine warns)."""

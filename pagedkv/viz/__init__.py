@@ -1,9 +1,13 @@
-"""Layer 13 — pictures of the cache, drawn only from ``snapshot()`` data, and the interactive visualizer."""
+"""Layer 13 — pictures of the cache, drawn only from ``snapshot()`` data, the interactive visualizer, and recorded
+runs (``trace``) that ``player.js`` plays in a browser with no kernel."""
 
 from .block_map import PALETTE, add_block_map_key, align_panels, draw_block_map, seq_colors
 from .scheduler_widget import SchedulerVisualizer
 from .timeline import Timeline, draw_timeline
+from .trace import Trace, TraceRecorder, load_trace, record_engine, record_scheduler
+from .trace_widget import TracePlayer
 from .visualizer import BlockTableVisualizer, counters
 
-__all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "add_block_map_key",
-           "align_panels", "counters", "draw_block_map", "draw_timeline", "seq_colors"]
+__all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "Trace", "TracePlayer",
+           "TraceRecorder", "add_block_map_key", "align_panels", "counters", "draw_block_map", "draw_timeline",
+           "load_trace", "record_engine", "record_scheduler", "seq_colors"]

@@ -285,12 +285,12 @@ def estimate_points(rows: list[dict], kernel: str = "v1", gqa_values=(1, 4)) -> 
 
     points = []
     for row in rows:
-        if row["kernel"] != kernel:
+        if row.get("kernel") != kernel:  # the unified kernel's rows have tiles, not kernels
             continue
         for gqa in gqa_values:
             if row["flavour"] == "vllm-gqa" and row["gqa"] != gqa:
                 continue
-            instructions = sum(per for _, _, per in row["loops"])
+            instructions = round(sum(per for _, _, per in row["loops"]), 1)  # as printed: the % follows from it
             kv_bytes = 2 * row["head_size"] * 2 / gqa
             points.append(dict(flavour=row["flavour"], gqa=gqa, instructions=instructions, bytes=kv_bytes,
                                hbm=hbm_fraction(instructions, row["head_size"], gqa),
@@ -299,11 +299,31 @@ def estimate_points(rows: list[dict], kernel: str = "v1", gqa_values=(1, 4)) -> 
 
 
 def static_estimates_text(rows: list[dict]) -> str:
+    """One line per point; instructions to a tenth (the percentage is computed from that figure, not a rounding)."""
     lines = ["static estimate, not measured (sm_90, head 128, fp16, v1):"]
     for p in estimate_points(rows):
-        lines.append(f"  {p['flavour']:<8} gqa {p['gqa']}: {p['instructions']:5.0f} warp instructions and "
+        lines.append(f"  {p['flavour']:<8} gqa {p['gqa']}: {p['instructions']:5.1f} warp instructions and "
                      f"{p['bytes']:3.0f} bytes of K/V per (query head, token) -> issue allows {p['hbm']:5.0%} of "
                      f"H100 HBM")
+    return "\n".join(lines)
+
+
+def unified_estimates_text(rows: list[dict]) -> str:
+    """The unified kernel's rows (``static_report --kernel unified``): a decode tile and a prefill tile per group."""
+    from ..kernels.static_report import hbm_fraction
+
+    lines = ["static estimate, not measured (sm_90, head 128, fp16, unified kernel; warp instructions):"]
+    for row in rows:
+        if "tile" not in row:
+            continue
+        loops = row["loops"]
+        total = round(sum(loops.values()), 1)  # as printed: the percentage follows from it
+        queries = "1 query" if row["block_q"] == 1 else f"{row['block_q']} queries"
+        heads = "1 head" if row["gqa"] == 1 else f"{row['gqa']} heads"
+        tile = f"{row['tile']} tile ({queries} x {heads}):"
+        lines.append(f"  {tile:<34} {loops['K']:4.1f} K + {loops['V']:4.1f} V + {loops['load']:3.1f} page loads = "
+                     f"{total:4.1f} per (query head, key), issue allows "
+                     f"{hbm_fraction(total, row['head_size'], row['block_q'] * row['gqa']):4.0%} of H100 HBM")
     return "\n".join(lines)
 
 

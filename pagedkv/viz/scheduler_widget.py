@@ -34,6 +34,9 @@ from .timeline import Timeline, draw_timeline
 from .widget_output import show_figure
 
 EVERY_GROUP = "every group"  # the group dropdown's first choice: every group's tables, one under the other
+FIGURE_SIZE = (9, 7.5)  # inches: the block map over the timeline
+# The text map: never wrapped (a line wrapped anywhere is no map), in the code font, as JupyterLab shows a <pre>.
+MAP_STYLE = "white-space: pre; margin: 0; line-height: 1.3; font-family: var(--jp-code-font-family, monospace)"
 HYBRID_WINDOW = 8  # the "v1 hybrid" mode's window: two blocks of 4 tokens, so the window slides within a few steps
 
 
@@ -239,8 +242,15 @@ class SchedulerVisualizer:
         self.gpu_blocks = w.BoundedIntText(value=self.settings["num_gpu_blocks"], min=1, max=256,
                                            description="GPU blocks", layout=w.Layout(width="170px"))
         self.status_html, self.message_html, self.output, self.map_html = w.HTML(), w.HTML(), w.Output(), w.HTML()
+        # The text map beside the drawing where the screen is wide enough for both (1920 px), else under it
+        # (issue #46: squeezed into the space left, it was a ~40 px column of broken words).
+        # The drawing's box is the figure's width (an Output's own width would be the whole row's); it shrinks,
+        # and its picture with it, only on a screen narrower than the figure.
+        self.output.layout = w.Layout(flex=f"0 1 {round(FIGURE_SIZE[0] * plt.rcParams['figure.dpi'])}px")
+        self.map_html.layout = w.Layout(flex="0 0 auto", margin="0 12px")
         self.widget = w.VBox([w.HBox([*self.buttons.values(), self.mode, self.gpu_blocks]), self.group_select,
-                              self.message_html, self.status_html, w.HBox([self.output, self.map_html])])
+                              self.message_html, self.status_html,
+                              w.HBox([self.output, self.map_html], layout=w.Layout(flex_flow="row wrap"))])
 
     def _reset_from_controls(self) -> None:
         v1 = self.mode.value.startswith("v1")
@@ -268,7 +278,7 @@ class SchedulerVisualizer:
         self._sync_group_select()
         self.status_html.value = f"<pre class='pagedkv-status'>{html.escape(self.status_text())}</pre>"
         self.message_html.value = f"<span class='pagedkv-message'>{html.escape(self.message)}</span>"
-        self.map_html.value = f"<pre class='pagedkv-map'>{html.escape(self.map_text())}</pre>"
+        self.map_html.value = (f"<pre class='pagedkv-map' style='{MAP_STYLE}'>{html.escape(self.map_text())}</pre>")
         if not self._displayed:
             return
         show_figure(self.output, self.figure())  # not `with self.output: plt.show()`: see widget_output.py
@@ -276,7 +286,7 @@ class SchedulerVisualizer:
     def figure(self):
         """The block map over the timeline, as the widget draws them: also a still picture where widgets do
         not run (on GitHub, say)."""
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7.5), height_ratios=[3, 2])
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=FIGURE_SIZE, height_ratios=[3, 2])
         state = self.snapshot()
         draw_block_map(state, ax=top)
         draw_timeline(self.timeline, ax=bottom)

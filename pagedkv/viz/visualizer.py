@@ -25,12 +25,15 @@ from ..paged_cache import PagedKVCache
 from ..sampling import BeamSearchParams
 from ..state import seq_name
 from ..validate import check_int
-from .block_map import draw_block_map, key_below, seq_colors
+from .block_map import add_block_map_key, draw_block_map, seq_colors
 from .widget_output import show_figure
 
 SEQUENCE_ACTIONS = ("append", "fork", "free", "swap out", "swap in")
 BEAM_TOKENS = 64  # a beam search runs this many clicks, then its blocks are freed
 MAX_POSITIONS = 1024  # the tiny Llama's context
+FIGURE_WIDTH = 9.0  # inches: the map's figure (900 px at matplotlib's 100 dpi), wide enough for its key
+CELL_INCHES = 0.36  # a block map cell's pitch: ~36 px, room for three rows of 8 pt text
+TITLE_INCHES = 0.45  # the map's title above it
 
 
 def _count(n: int, one: str, many: str) -> str:
@@ -353,23 +356,38 @@ class BlockTableVisualizer:
         self.log_area.value = "\n".join(reversed(self.log[-50:]))
         if not self._displayed:
             return
-        fig, ax = plt.subplots(figsize=(9, 6))
+        fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 6))
         self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
         draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
         self._keep_scale(ax)
-        key_below(fig, highlight="red outline: the blocks the last action touched", cached=bool(state.prefix_caching))
+        add_block_map_key(fig, highlight="red outline: the blocks the last action touched",
+                          cached=bool(state.prefix_caching))
+        self._fit(fig, ax)
         show_figure(self.output, fig)  # not `with self.output: plt.show()`: see widget_output.py
 
     def _keep_scale(self, ax) -> None:
-        """Room for at least 8 block tables of 12 entries: the cells keep their size from click to click, until
-        the content outgrows that (the limits only grow; a reset starts again)."""
+        """At least 12 table entries wide, so a growing table does not move the pools; the limits only grow (a
+        reset starts again), so a map does not jump as sequences come and go."""
         (x0, x1), (y1, y0) = ax.get_xlim(), ax.get_ylim()  # y is inverted: row 0 at the top
-        x1, y1 = max(x1, 12.2), max(y1, y0 + 8 + (y1 - y0 - len(self.manager.seq_ids)))
+        x1 = max(x1, 12.2)
         if self._extent:
             x1, y1 = max(x1, self._extent[0]), max(y1, self._extent[1])
         self._extent = (x1, y1)
         ax.set_xlim(x0, x1)
         ax.set_ylim(y1, y0)
+
+    @staticmethod
+    def _fit(fig, ax) -> None:
+        """Make the figure as tall as its map at ``CELL_INCHES`` a cell, plus the title and the key under it: cells
+        keep one size from click to click, and the key sits right under the map (issue #46: a fixed 9 x 6 in
+        figure, with room kept for eight block tables, left ~250 px of blank between map and key)."""
+        key = fig.legends[-1]
+        key_height = key.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi
+        (x0, x1), (y1, y0) = ax.get_xlim(), ax.get_ylim()
+        map_height = min((y1 - y0) * CELL_INCHES, (FIGURE_WIDTH - 0.4) * (y1 - y0) / (x1 - x0))
+        height = map_height + TITLE_INCHES + key_height
+        fig.set_size_inches(FIGURE_WIDTH, height)
+        fig.tight_layout(rect=(0, key_height / height, 1, 1), pad=0.2)
 
     def _ipython_display_(self):
         from IPython.display import display
