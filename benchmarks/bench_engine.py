@@ -2,12 +2,18 @@
 
     python benchmarks/bench_engine.py [--requests 48] [--budget 4096]
     python benchmarks/bench_engine.py --model smollm2 [--requests 32] [--hf-batch 16]
+    python benchmarks/bench_engine.py --model smollm2 --async-scheduling [--requests 32] [--repeats 2]
 
 ``--model smollm2``: a real chat model, SmolLM2-135M-Instruct, served four ways on the same prompts: pagedkv's
 ``LLMEngine`` v0 and v1 (chunked prefill), transformers' ``generate`` in padded static batches, and transformers' own
 continuous batching (``init_continuous_batching``, paged attention, on CPU here); greedy answers asserted equal
 first; useful tokens/s and tokens/s over every token the model computed, against the matmul limit the script
 measures. See :func:`smollm2_main`.
+
+``--async-scheduling``: the same SmolLM2 workload through ``LLMEngine(version="v1")`` synchronous and with
+``async_scheduling=True`` (vLLM 0.33's default: step N+1 scheduled while step N runs, the model on a worker
+thread), runs alternated (ABBA...), answers asserted equal; useful tokens/s, and where the wall time went. See
+:func:`smollm2_async_main`.
 
 Both sides run the same model code and the same attention call (``unified_paged_attention``); only the policy
 differs:
@@ -22,6 +28,7 @@ Also: tokens/s of one request alone, paged vs dense, which is the cost of paging
 """
 
 import argparse
+import os
 import time
 
 from pagedkv import ModelSpec
@@ -64,10 +71,12 @@ def main():
     parser.add_argument("--budget", type=int, default=4096, help="KV budget in token slots, the same for both")
     parser.add_argument("--hf-batch", type=int, default=16, help="SmolLM2: transformers generate's batch size")
     parser.add_argument("--block-size", type=int, default=16, help="SmolLM2: pagedkv's block size")
+    parser.add_argument("--async-scheduling", action="store_true", help="SmolLM2: v1 synchronous vs async")
+    parser.add_argument("--repeats", type=int, default=2, help="--async-scheduling: runs of each, alternated")
     args = parser.parse_args()
     if args.model == "smollm2":
         args.requests = args.requests or 32
-        return smollm2_main(args)
+        return smollm2_async_main(args) if args.async_scheduling else smollm2_main(args)
     args.requests = args.requests or 48
     model, _ = load_tiny()
     c = model.config
@@ -299,6 +308,98 @@ def smollm2_main(args):
     for name, seconds in (("v0", p_seconds), ("v1", v_seconds)):
         print(f"summary: pagedkv {name} / transformers continuous batching {c_seconds / seconds * tokens / cb:.2f}x,"
               f" pagedkv {name} / transformers generate {s_seconds / seconds * tokens / gen:.2f}x")
+
+
+# ----------------------------------------------------------------------------------- async scheduling
+def run_v1_timed(model, requests, async_scheduling: bool, block_size=16, max_num_batched_tokens=512):
+    """``run_pagedkv``'s v1 engine (chunked prefill, budget 512, the pool holds every request), synchronous or
+    async; every request added at once, then ``step()`` until all are done. Returns (seconds, outputs, times): the
+    seconds the model side was busy (``_forward`` and the draws: what a GPU does in vLLM) and, on the main thread,
+    the seconds spent waiting for a step's output (async only; the synchronous loop runs the model itself)."""
+    import torch
+
+    blocks = sum(-(-(len(p) + m) // block_size) for p, m in requests)
+    engine = LLMEngine(model, num_gpu_blocks=blocks, block_size=block_size, version="v1",
+                       max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling)
+    times = {"device": 0.0, "wait": 0.0}
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times[name] += time.perf_counter() - start
+        return call
+
+    if async_scheduling:
+        engine.trace = []  # the forward thread's spans (placeholders filled, forward, draws) and the main's waits
+    else:
+        engine._forward = timed("device", engine._forward)
+        engine._sample = timed("device", engine._sample)
+    with torch.inference_mode(), engine:
+        start = time.perf_counter()
+        for i, (prompt, max_tokens) in enumerate(requests):
+            engine.add_request(i, prompt, max_tokens)
+        while engine.has_unfinished_requests() or engine.batch_queue:
+            engine.step()
+        seconds = time.perf_counter() - start
+    for event in engine.trace or ():
+        if event.kind in ("forward", "wait"):
+            times["device" if event.kind == "forward" else "wait"] += event.end - event.start
+    return seconds, [engine.scheduler.finished[i] for i in range(len(requests))], times, engine.stats
+
+
+def smollm2_async_main(args):
+    """SmolLM2-135M-Instruct, the chat workload, v1 synchronous vs async scheduling, alternated runs.
+
+    Reported per mode (summed over its runs): useful tokens/s; the model side's busy share of the wall (the
+    forward and the draws, what the GPU does in vLLM) and its idle share, the time async scheduling exists to fill;
+    the main thread's host share (scheduling, building the batch, processing outputs: for the synchronous loop the
+    wall less the model side, for the async one the wall less its waits for a step's output).
+    """
+    import torch
+
+    from pagedkv.model import load_smollm2
+
+    model, tokenizer = load_smollm2()
+    eos = model.config.eos_token_id
+    requests = chat_workload(tokenizer, args.requests)
+    print(f"machine: {machine()}, torch {torch.__version__} with {torch.get_num_threads()} threads; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the start")
+    print(f"{len(requests)} chat requests (bench_engine.py's SmolLM2 workload), v1, chunked prefill (512), greedy, "
+          f"EOS stops; {args.repeats} runs of each, alternated")
+    run_pagedkv(model, requests[:2])  # compile the CPU attention kernel before timing
+    totals = {mode: {"seconds": 0.0, "device": 0.0, "wait": 0.0, "useful": 0, "computed": 0} for mode in (0, 1)}
+    answers = {}
+    order = [(0, 1) if r % 2 == 0 else (1, 0) for r in range(args.repeats)]
+    for r, pair in enumerate(order):
+        for mode in pair:
+            seconds, outputs, times, stats = run_v1_timed(model, requests, bool(mode))
+            useful_out = [useful(t, m, eos) for t, (_, m) in zip(outputs, requests)]
+            answers.setdefault(mode, useful_out)
+            assert useful_out == answers[mode], "one mode must answer the same in every run"
+            t = totals[mode]
+            t["seconds"] += seconds
+            t["device"] += times["device"]
+            t["wait"] += times["wait"]
+            t["useful"] += sum(len(o) for o in useful_out)
+            t["computed"] += stats.num_computed_tokens
+            print(f"  run {r + 1} {('sync', 'async')[mode]:5}: {seconds:6.1f} s, "
+                  f"{sum(len(o) for o in useful_out) / seconds:6.1f} useful tok/s, {stats.steps} steps, "
+                  f"load average {os.getloadavg()[0]:.1f}")
+    assert answers[0] == answers[1], "async scheduling must not change a single token"
+    print(f"answers equal, token for token: {len(requests)}/{len(requests)}")
+    print(f"{'':28} useful tok/s  model busy  model idle  main-thread host work  tokens computed")
+    rates = {}
+    for mode, name in ((0, "v1 synchronous"), (1, "v1 async scheduling")):
+        t = totals[mode]
+        host = t["seconds"] - (t["wait"] if mode else t["device"])
+        rates[mode] = t["useful"] / t["seconds"]
+        busy = t["device"] / t["seconds"]
+        print(f"{name:28} {rates[mode]:11.1f}  {busy:9.1%}  {1 - busy:9.1%}  {host / t['seconds']:20.1%}  "
+              f"{t['computed'] // args.repeats:15,}")
+    print(f"summary: async / sync useful tokens/s {rates[1] / rates[0]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ vLLM splits this between ``vllm/engine/llm_engine.py`` (``step``),
 
     schedule  ->  move blocks (swap out, swap in, copy-on-write)  ->  run the model  ->  sample  ->  update
 
+With ``async_scheduling=True`` (v1; vLLM 0.33's default, pagedkv's is off) two steps are in flight: the model runs
+on a worker thread while this thread schedules the next step and processes the previous one's output (vLLM 0.33:
+``EngineCore.step_with_batch_queue`` in ``vllm/v1/engine/core.py``).
+
 The model sees one flat batch of new tokens (each prefill's uncached tokens,
 one token per decode) with their positions, and a :class:`PagedKVStore` that
 its attention layers call: it writes the new K/V through the slot mapping,
@@ -23,7 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import queue
+import threading
+import time
 import warnings
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -37,12 +46,17 @@ from .model import LlamaForCausalLM
 from .output_processor import Beams, Samples
 from .sampling import BeamSearchParams, RequestOutput, SamplingParams
 from .scheduler import PreemptionMode, Scheduler, SchedulerOutputs
-from .v1 import KVCacheManager, beam_search
+from .v1 import AsyncScheduler, KVCacheManager, beam_search
 from .v1 import Scheduler as V1Scheduler
 from .v1 import SchedulerOutput as V1SchedulerOutput
 from .v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
 from .v1.spec_decode import NgramProposer, SpeculativeConfig
 from .validate import check_choice, check_hashable, check_int, is_list_like
+
+PLACEHOLDER = -1  # a token id not known when its step was scheduled (vLLM: -1 in spec_token_ids too)
+# async scheduling: the longest wait for a step's output, and for the forward thread to end (vLLM 0.33:
+# VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS = 300, the multiprocess executor's wait for a step)
+EXECUTE_MODEL_TIMEOUT_S = 300
 
 
 @dataclass
@@ -71,6 +85,46 @@ class EngineStats:
         """Per draft position ``i``: the share of drafts whose tokens ``0..i`` were all accepted (vLLM's
         "per-position acceptance rate")."""
         return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.num_accepted_tokens_per_pos]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """A span of work in the async engine loop (``LLMEngine.trace``), what the timeline figure draws."""
+
+    thread: str  # "main" or "forward"
+    kind: str  # main: "schedule", "wait" (for a step's output), "update"; forward: "forward" (and the draws)
+    step: int  # the step it belongs to (engine.stats.steps counts from 1; this from 0)
+    start: float  # time.perf_counter() seconds
+    end: float
+
+
+class _ForwardThread:
+    """The model's side of async scheduling: one thread running the submitted steps in order, as a GPU stream
+    runs vLLM's kernels in launch order (torch releases the GIL inside its kernels, so it runs beside the main
+    thread). A daemon, so a forward that never returns cannot keep Python from exiting."""
+
+    def __init__(self):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="pagedkv-forward", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn, *args) -> Future:
+        future = Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            try:
+                future.set_result(fn(*args))
+            except BaseException as error:  # handed to whoever waits for the step
+                future.set_exception(error)
+
+    def join(self) -> None:
+        """Finish the steps submitted, then end the thread (at most ``EXECUTE_MODEL_TIMEOUT_S``)."""
+        self._calls.put(None)
+        self.thread.join(EXECUTE_MODEL_TIMEOUT_S)
 
 
 @dataclass
@@ -132,7 +186,8 @@ class LLMEngine:
                  preemption_mode=None, enable_prefix_caching: bool | None = None, watermark: float | None = None,
                  backend: str = "auto", block_manager: BlockSpaceManager | None = None, version: str = "v0",
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
-                 prefix_cache_retention_interval: int | None = 0, speculative_config: dict | None = None):
+                 prefix_cache_retention_interval: int | None = 0, speculative_config: dict | None = None,
+                 async_scheduling: bool = False):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
@@ -140,6 +195,10 @@ class LLMEngine:
         sequence fits: its prompt, plus the outputs a resumed request already has).
         ``prefix_cache_retention_interval`` (v1, vLLM's default 0): which blocks a sliding-window group names in the
         prefix cache (``pagedkv.v1.KVCacheManager``; None names every full block).
+        ``async_scheduling`` (v1): schedule step N+1 while step N runs, the model on a worker thread (vLLM 0.33's
+        ``AsyncScheduler`` and batch queue; vLLM's default is on, pagedkv's off: the course teaches the
+        synchronous loop first). Outputs are the same; ``close()`` (or ``with``) joins the thread, and so does
+        ``generate`` when nothing is left to run.
         ``block_manager`` (v0): run on an existing manager of the same sizes (the visualizer draws the engine's
         sequences beside hand-made ones); by default the engine makes its own.
         ``speculative_config`` (v1): ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a,
@@ -154,6 +213,7 @@ class LLMEngine:
             raise PagedKVValueError("speculative_config: speculative decoding runs on vLLM today's scheduler: "
                                     "pass version='v1'.")
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
+        _check_async_scheduling(async_scheduling, version, speculative_config)
         config = model.config
         self.model = model.eval()
         self.backend = backend
@@ -168,10 +228,11 @@ class LLMEngine:
                                                    True if enable_prefix_caching is None else enable_prefix_caching,
                                                    self.kv_cache_groups, max_num_batched_tokens,
                                                    prefix_cache_retention_interval)
-            self.scheduler = V1Scheduler(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
-                                         long_prefill_token_threshold, scheduler_reserve_full_isl,
-                                         num_spec_tokens=spec.num_speculative_tokens if spec else 0,
-                                         num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
+            scheduler_cls = AsyncScheduler if async_scheduling else V1Scheduler  # vLLM: get_scheduler_cls
+            self.scheduler = scheduler_cls(self.kv_cache_manager, max_num_seqs, max_num_batched_tokens,
+                                           long_prefill_token_threshold, scheduler_reserve_full_isl,
+                                           num_spec_tokens=spec.num_speculative_tokens if spec else 0,
+                                           num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
         else:
             if long_prefill_token_threshold:
                 raise PagedKVValueError("long_prefill_token_threshold chunks prompts, which only the v1 scheduler "
@@ -211,6 +272,14 @@ class LLMEngine:
         self._num_generated = 0
         self._processors: dict = {}  # request_id -> Samples | Beams, until pop_finished() hands the output over
         self._parents: dict = {}  # v1: a request of n > 1 -> its n child request ids (vLLM's ParentRequest)
+        # async scheduling: steps in flight, newest first (vLLM: EngineCore.batch_queue, max_concurrent_batches)
+        self.async_scheduling = async_scheduling
+        self.batch_queue_size = 2 if async_scheduling else 1
+        self.batch_queue: deque = deque()  # (future of the step's sampled tokens, its SchedulerOutput)
+        self._executor = None  # the forward thread, started by the first step in flight, joined when idle
+        self._prev_sampled: dict = {}  # forward thread only: the tokens its last step sampled
+        self._failed = None  # a forward that raised: the engine's requests are lost
+        self.trace: list | None = None  # set to [] to record a StepEvent for each span of the async loop
 
     def snapshot(self):
         """The block manager's snapshot (v0) or the KV cache manager's (v1): every drawing reads it."""
@@ -293,6 +362,23 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def abort_request(self, request_id) -> None:
+        """v1: give up on an unfinished request (every child of an ``n > 1`` one). Its blocks go back at once, even
+        with a step in flight for it, whose output is then dropped; nothing is returned for it (vLLM 0.33:
+        ``LLMEngine.abort_request`` -> ``Scheduler.finish_requests``)."""
+        if self.version != "v1":
+            raise PagedKVValueError("abort_request is the v1 engine's (vLLM's finish_requests); pass version='v1'.")
+        check_hashable("request_id", request_id)
+        ids = self._parents[request_id][0] if request_id in self._parents else [request_id]
+        if not any(r in self.scheduler.requests for r in ids):
+            raise UnknownSequenceError(f"request {request_id!r} is not unfinished; unfinished ones: "
+                                       f"{list(self.scheduler.requests)[:8]}.")
+        self.scheduler.finish_requests(list(ids))
+        for r in ids:
+            self._processors.pop(r, None)
+            self.scheduler.finished.pop(r, None)
+        self._parents.pop(request_id, None)
+
     def generate(self, prompts: list[list[int]], params=None, *, max_tokens: int | None = None,
                  ignore_eos: bool = False):
         """Every prompt's continuation, in order, equal to ``generate_dense`` for each prompt alone.
@@ -311,8 +397,14 @@ class LLMEngine:
             request_ids.append(("generate", self._num_generated))
             self._num_generated += 1
             self.add_request(request_ids[-1], prompt, sampling)
-        while not all(self.is_finished(r) for r in request_ids):
-            self.step()
+        try:
+            while not all(self.is_finished(r) for r in request_ids):
+                self.step()
+            while self.batch_queue and not self.has_unfinished_requests():
+                self.step()  # async: the step in flight for requests that are done already (its output dropped)
+        except BaseException:
+            self._shutdown_worker()  # never leave the forward thread behind
+            raise
         outputs = [self.pop_finished(r) for r in request_ids]
         if isinstance(params, (SamplingParams, BeamSearchParams)):
             return outputs
@@ -322,7 +414,7 @@ class LLMEngine:
     def step(self):
         """Schedule, move blocks, run the model on the batch, sample, update the scheduler."""
         if self.version == "v1":
-            return self._step_v1()
+            return self._step_with_batch_queue() if self.async_scheduling else self._step_v1()
         out = self.scheduler.schedule()
         self._count(out)
         for request_id in out.ignored:
@@ -340,13 +432,7 @@ class LLMEngine:
             if not out.preempted_req_ids:
                 self._ignore_stuck_v1()
             return out
-        chunks, drafts = [], out.scheduled_spec_decode_tokens
-        for request_id, num_tokens in out.num_scheduled_tokens.items():
-            request = self.scheduler.requests[request_id]
-            start = request.num_computed_tokens - num_tokens  # schedule() already counted this step's tokens
-            tokens = request.all_token_ids + drafts.get(request_id, [])  # drafts are query rows like any token
-            chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids_by_group(request_id),
-                                 tokens[start:start + num_tokens], start, start))
+        chunks, drafts = self._chunks_v1(out), out.scheduled_spec_decode_tokens
         sampling = self.scheduler.sampling_request_ids(out)
         num_rows = {r: 1 + len(drafts.get(r, ())) for r in sampling}  # a draft's rows and the one after it
         logits = self._forward(chunks, sampling, num_rows)
@@ -380,6 +466,122 @@ class LLMEngine:
         requests = self.scheduler.requests
         self.scheduler.update_draft_token_ids({r: self.drafter.propose_one(requests[r].all_token_ids)
                                                for r in sampled if r in requests})
+
+    def _chunks_v1(self, out: V1SchedulerOutput) -> list:
+        """Each scheduled request's tokens and block tables (copies), as the step was scheduled. A token sampled by
+        the step in flight is not known yet: it is a placeholder (async scheduling), filled in on the forward
+        thread."""
+        chunks = []
+        for request_id, num_tokens in out.num_scheduled_tokens.items():
+            request = self.scheduler.requests[request_id]
+            start = request.num_computed_tokens - num_tokens  # schedule() already counted this step's tokens
+            tokens = request.all_token_ids + out.scheduled_spec_decode_tokens.get(request_id, [])  # drafts: rows too
+            tokens = tokens[start:start + num_tokens]
+            tokens += [PLACEHOLDER] * (num_tokens - len(tokens))  # async: the token of the step in flight
+            chunks.append(_Chunk(request_id, self.kv_cache_manager.get_block_ids_by_group(request_id),
+                                 tokens, start, start))
+        return chunks
+
+    # ------------------------------------------------------------ async scheduling
+    def _step_with_batch_queue(self) -> V1SchedulerOutput | None:
+        """vLLM 0.33's ``EngineCore.step_with_batch_queue``: schedule a step and hand it to the forward thread;
+        if the queue has room (two steps, ``VllmConfig.max_concurrent_batches`` under async scheduling), return
+        at once; otherwise wait for the oldest step and process its output. Returns the ``SchedulerOutput`` whose
+        output was processed, or None when this call only scheduled."""
+        if self._failed is not None:
+            raise PagedKVValueError(f"this engine's forward failed ({self._failed!r}); its requests are lost: make "
+                                    "a new LLMEngine.")
+        if self.scheduler.has_unfinished_requests():
+            start = time.perf_counter()
+            out = self.scheduler.schedule()
+            self._count_v1(out)
+            step = self.stats.steps - 1
+            if not out.is_empty:
+                sampling = self.scheduler.sampling_request_ids(out)  # known now: the next schedule() changes it
+                processors = {r: self._processors[r] for r in sampling}
+                future = self._worker().submit(self._execute_model, self._chunks_v1(out), sampling, processors, step)
+                self.batch_queue.appendleft((future, out, step))
+                self._record("main", "schedule", step, start)
+                if len(self.batch_queue) < self.batch_queue_size:
+                    return None  # fill the queue before waiting for an output
+            elif not self.batch_queue and not out.preempted_req_ids:
+                self._ignore_stuck_v1()
+        if not self.batch_queue:
+            return None
+        out = self._process_output(*self.batch_queue.pop())
+        if not self.batch_queue and not self.scheduler.has_unfinished_requests():
+            self._shutdown_worker()
+        return out
+
+    def _process_output(self, future, out: V1SchedulerOutput, step: int) -> V1SchedulerOutput:
+        """Wait for a step's sampled tokens and update the scheduler; a request finished or aborted meanwhile
+        keeps nothing of it."""
+        start = time.perf_counter()
+        try:
+            sampled, logprobs = future.result(timeout=EXECUTE_MODEL_TIMEOUT_S)
+        except BaseException as error:
+            self._failed = error
+            self._shutdown_worker()
+            raise
+        self._record("main", "wait", step, start)
+        start = time.perf_counter()
+        for row, request_id in enumerate(sampled):
+            if request_id in self.scheduler.requests:
+                self._processors[request_id].record(request_id, sampled[request_id], logprobs[row])
+        self.scheduler.update_from_output(out, sampled)
+        self._record("main", "update", step, start)
+        return out
+
+    def _record(self, thread: str, kind: str, step: int, start: float) -> None:
+        if self.trace is not None:  # list.append: safe from either thread
+            self.trace.append(StepEvent(thread, kind, step, start, time.perf_counter()))
+
+    def _execute_model(self, chunks: list, sampling: list, processors: dict, step: int) -> tuple[dict, torch.Tensor]:
+        """On the forward thread: each placeholder becomes the token its request sampled in the step before (vLLM:
+        the model runner's ``_prepare_input_ids`` copies ``prev_sampled_token_ids`` on the GPU), the model runs,
+        and each sampling request draws its token. Returns the tokens and the log-probabilities of their rows;
+        the engine's state is left to the main thread (only the pages and ``_prev_sampled`` change here)."""
+        start = time.perf_counter()
+        for chunk in chunks:
+            chunk.token_ids = [self._prev_sampled[chunk.key] if t == PLACEHOLDER else t for t in chunk.token_ids]
+        logits = self._forward(chunks, sampling)
+        argmax = logits.argmax(dim=-1).tolist()
+        sampled = {r: processors[r].draw(r, row, logits, argmax) for row, r in enumerate(sampling)}
+        self._prev_sampled = sampled
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        self._record("forward", "forward", step, start)
+        return sampled, logprobs
+
+    def _worker(self) -> _ForwardThread:
+        if self._executor is None:
+            self._executor = _ForwardThread()
+        return self._executor
+
+    def _shutdown_worker(self) -> None:
+        """Join the forward thread once the steps in flight are done. Steps whose output was never processed leave
+        their requests waiting for tokens that will not come: the engine is then marked failed."""
+        if self.batch_queue:
+            self._failed = self._failed or RuntimeError("steps in flight were dropped")
+            self.batch_queue.clear()
+        if self._executor is not None:
+            self._executor.join()
+            self._executor = None
+        self._prev_sampled = {}
+
+    def close(self) -> None:
+        """Process the outputs of the steps in flight and join the forward thread (async scheduling; nothing to
+        do otherwise). The engine stays usable: a later step starts the thread again."""
+        try:
+            while self.batch_queue and self._failed is None:
+                self._process_output(*self.batch_queue.pop())
+        finally:
+            self._shutdown_worker()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def _ignore_stuck_v1(self) -> None:
         """Nothing ran and nothing runs: the first waiting request cannot fit even an empty pool. vLLM rejects such
@@ -513,6 +715,20 @@ def kv_cache_groups_for(config, block_size: int, dtype: torch.dtype, unify: bool
              else SlidingWindowSpec(**shape, sliding_window=config.layer_window(i))
              for i in range(config.num_hidden_layers)]
     return get_kv_cache_groups(specs)
+
+
+def _check_async_scheduling(async_scheduling, version: str, speculative_config) -> None:
+    if not isinstance(async_scheduling, bool):
+        raise PagedKVValueError(f"async_scheduling must be True (schedule the next step while the model runs, "
+                                f"vLLM 0.33's default) or False (pagedkv's default), got {async_scheduling!r}.")
+    if async_scheduling and version != "v1":
+        raise PagedKVValueError("async_scheduling=True needs the v1 engine (vLLM 0.33's AsyncScheduler): pass "
+                                "version='v1', or drop async_scheduling for the paper's synchronous v0 loop.")
+    if async_scheduling and speculative_config is not None:
+        raise PagedKVValueError("async_scheduling=True with speculative_config: pagedkv proposes n-gram drafts on "
+                                "the main thread from each step's sampled tokens, as vLLM 0.33's V1 model runner "
+                                "does, and that runner refuses async scheduling with ngram-based speculative "
+                                "decoding (VllmConfig); drop one of the two.")
 
 
 def _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager) -> None:

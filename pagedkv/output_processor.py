@@ -45,10 +45,19 @@ class Samples:
         for seq_id, row in rows.items():
             if len(self.index) < self.num_samples:  # the prompt's logits: every sample's first token, then fork
                 return self._fork_samples(scheduler, seq_id, row, logits, logprobs, argmax)
-            tokens[seq_id] = self._draw(self.index[seq_id], row, logits, argmax)
-            self.cumulative_logprob[seq_id] += float(logprobs[row, tokens[seq_id]])
-            self._keep_top(seq_id, logprobs[row])
+            tokens[seq_id] = self.draw(seq_id, row, logits, argmax)
+            self.record(seq_id, tokens[seq_id], logprobs[row])
         return tokens
+
+    def draw(self, seq_id, row: int, logits: torch.Tensor, argmax: list) -> int:
+        """The sequence's next token, drawn from its row (an async engine draws on the forward thread)."""
+        return self._draw(self.index[seq_id], row, logits, argmax)
+
+    def record(self, seq_id, token: int, row_logprobs: torch.Tensor) -> None:
+        """Count a token the request keeps: its log-probability (an async engine records only tokens it
+        delivers, on the main thread)."""
+        self.cumulative_logprob[seq_id] += float(row_logprobs[token])
+        self._keep_top(seq_id, row_logprobs)
 
     def verify(self, seq_id, rows: list, draft: list, logits: torch.Tensor, logprobs: torch.Tensor, argmax: list,
                num_generated: int) -> list:

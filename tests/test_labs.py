@@ -30,7 +30,7 @@ def labs(tmp_path_factory):
 
 
 def test_every_notebook_gets_a_lab_without_outputs_and_with_todos(labs):
-    assert [p.name for p in labs] == [p.name for p in SOLUTIONS] and len(labs) == 14
+    assert [p.name for p in labs] == [p.name for p in SOLUTIONS] and len(labs) == 15
     for path in labs:
         text = path.read_text()
         assert "TODO" in text and "BEGIN SOLUTION" not in text, path.name

@@ -618,6 +618,57 @@ def _lookahead_blocks():
         kv.allocate_slots(request, 1 + 3, num_lookahead_tokens=lookahead)
         blocks.append(len(kv.get_block_ids("r")))
     return tuple(blocks)
+# -------------------------------------------------- async_scheduling
+def _async_tokens_computed():
+    """Async scheduling (a queue of two steps), block size 16: A (30-token prompt, max_tokens=100) samples EOS as
+    its 3rd token; B (30-token prompt, max_tokens=3) has no stop token. The tokens the model computes for each,
+    thrown-away ones included, replayed on AsyncScheduler with the engine's loop."""
+    from collections import deque
+
+    from ..v1 import AsyncScheduler, KVCacheManager
+
+    s = AsyncScheduler(KVCacheManager(16, 64, enable_caching=False))
+    s.add_request("A", list(range(30)), 100, stop_token_ids=[2])
+    s.add_request("B", list(range(100, 130)), 3)
+    computed, queue, sampled_so_far = {"A": 0, "B": 0}, deque(), {"A": 0, "B": 0}
+    while s.has_unfinished_requests() or queue:
+        if s.has_unfinished_requests():
+            out = s.schedule()
+            for request_id, num_tokens in out.num_scheduled_tokens.items():
+                computed[request_id] += num_tokens
+            sampled = {}
+            for request_id in s.sampling_request_ids(out):
+                sampled_so_far[request_id] += 1
+                sampled[request_id] = 2 if request_id == "A" and sampled_so_far["A"] == 3 else 7  # A: EOS third
+            if not out.is_empty:
+                queue.appendleft((out, sampled))
+                if len(queue) < 2:
+                    continue
+        s.update_from_output(*queue.pop())
+    return computed["A"], computed["B"]
+
+
+def _stale_token_delivered():
+    """Async scheduling, 5 blocks of 2: A and B (3-token prompts, max_tokens=6) prefill in step 0; step 1 is
+    scheduled before step 0's output; scheduling step 2 preempts B with step 1 in flight. When step 1's output
+    arrives: (B's output tokens, B's num_computed_tokens)."""
+    from collections import deque
+
+    from ..v1 import AsyncScheduler, KVCacheManager
+
+    s = AsyncScheduler(KVCacheManager(2, 5, enable_caching=False), max_num_batched_tokens=16)
+    s.add_request("A", [1, 2, 3], 6)
+    s.add_request("B", [4, 5, 6], 6)
+    queue = deque()
+    for step in range(3):
+        out = s.schedule()
+        queue.appendleft((out, {r: 7 for r in s.sampling_request_ids(out)}))
+        if step == 1:
+            s.update_from_output(*queue.pop())  # step 0's output
+    assert s.requests["B"].num_stale_output_tokens == 1  # preempted in step 2's schedule, step 1 in flight
+    s.update_from_output(*queue.pop())  # step 1's output
+    b = s.requests["B"]
+    return len(b.output_token_ids), b.num_computed_tokens
 
 
 EXERCISES: dict[str, Exercise] = {
@@ -841,6 +892,21 @@ EXERCISES: dict[str, Exercise] = {
                   (lambda: (2, 2), "prompt lookup writes no K/V of its own (num_lookahead_tokens = 0): 11 computed "
                    "+ 4 query rows = 15 slots."),
                   (lambda: (1, 3), "the lookahead adds 3 slots, not 3 blocks."))),
+    "async-tokens-computed": Exercise("(tokens computed for A, tokens computed for B)", notebook="async_scheduling",
+                      expected=_async_tokens_computed,
+                      hint="a step runs on the tokens it was scheduled with; which of the two requests' last token "
+                           "does the scheduler know it is the last before its step's output comes back?",
+                      mistakes=((lambda: (32, 32), "A's EOS is known only when its step's output comes back, and by "
+                                 "then the next step (the EOS's own K/V) was scheduled and runs."),
+                                (lambda: (33, 33), "B's last token is known in advance (max_tokens): vLLM 0.33 "
+                                 "schedules no step after the one that samples it."))),
+    "stale-token-delivered": Exercise("(B's output tokens, B's num_computed_tokens)", notebook="async_scheduling",
+                      expected=_stale_token_delivered,
+                      hint="which counters does _preempt_request reset, and what may a stale output still change?",
+                      mistakes=((lambda: (1, 0), "a stale output is delivered: the step read B's blocks before anyone "
+                                 "could reuse them, so its token is real and joins B's output."),
+                                (lambda: (2, 5), "the preemption reset num_computed_tokens to 0, and a stale output "
+                                 "moves no counter: B recomputes everything when it comes back."))),
 }
 
 

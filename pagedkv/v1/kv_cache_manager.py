@@ -202,7 +202,8 @@ class KVCacheManager:
                                                                      num_new_computed_tokens):
             return None
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        coordinator.remove_skipped_blocks(request_id, num_computed)
+        # on the processed-token basis: a step in flight (async scheduling) still reads its own window
+        coordinator.remove_skipped_blocks(request_id, max(0, num_computed - request.num_in_flight_tokens))
         num_tokens_need_slot = num_computed + num_new_tokens + num_lookahead_tokens
         needed = coordinator.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hits, num_computed)
         if needed > self.num_free_blocks:
@@ -221,6 +222,16 @@ class KVCacheManager:
             hashes = self.req_to_hashes[request_id] = self.block_hashes(request, num_cached)
             coordinator.cache_blocks(request, hashes, num_cached)
         return self._per_group(new)
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        """Name the request's blocks that are full within its first ``num_computed_tokens`` tokens, at most
+        ``request.num_tokens`` (vLLM 0.33: ``KVCacheManager.cache_blocks``; its scheduler calls it when a step's
+        output turns placeholders into tokens, under async scheduling)."""
+        if self.block_pool.prefix_caches is None or request.request_id not in self.num_slots:
+            return
+        num_tokens = min(num_computed_tokens, request.num_tokens)
+        hashes = self.req_to_hashes[request.request_id] = self.block_hashes(request, num_tokens)
+        self.coordinator.cache_blocks(request, hashes, num_tokens)
 
     def _hits_by_group(self, new_computed_block_ids) -> tuple:
         if not new_computed_block_ids:

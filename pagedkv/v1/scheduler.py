@@ -27,6 +27,12 @@ past them for a drafter that writes its own K/V: none for n-gram). The target ve
 ``update_from_output`` receives the accepted drafts and one more token, and rolls ``num_computed_tokens`` back by
 the rejected ones, whose slots the next step overwrites. The blocks stay: a request keeps the blocks its drafts
 were given, and the prefix cache names a block only when ``num_tokens`` (never a draft) fills it.
+
+Under async scheduling (``AsyncScheduler``, ``async_scheduler.py``) a request's ``num_computed_tokens`` also counts
+``num_output_placeholders``: tokens a step in flight will sample, whose slots are allocated before anyone has seen
+them; ``update_from_output`` resolves them, and forgets them for a request that was preempted or finished with a
+step in flight (vLLM 0.33: the "stale" output of ``_preempt_request`` and ``update_from_output``). Synchronously
+there is never a placeholder, and every line below does what it did before.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, to be recomputed
     FINISHED = "finished"
+    FINISHED_ABORTED = "finished_aborted"  # finish_requests: the caller gave up on it (vLLM: abort_request)
 
 
 @dataclass(eq=False)
@@ -62,9 +69,16 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at its (last) admission
-    shared_prefix_boundary: int = 0  # end of a prefix shared with an earlier request, set at each lookup; 0: none
+    # async scheduling (vLLM 0.33's names, vllm/v1/request.py): tokens of steps in flight, counted in
+    # num_computed_tokens before their outputs are processed ...
+    num_in_flight_tokens: int = 0
+    # ... of which sampled tokens nobody has seen yet (their slots are allocated; AsyncScheduler sets them)
+    num_output_placeholders: int = 0
+    # tokens in flight when the request was preempted: their output is delivered, but changes no counter
+    num_stale_output_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in its next step
     is_prefill_chunk: bool = False  # its last scheduled chunk stopped short of its tokens (samples nothing)
+    shared_prefix_boundary: int = 0  # end of a prefix shared with an earlier request, set at each lookup; 0: none
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -178,11 +192,18 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens, threshold)
         if not out.preempted_req_ids:  # vLLM admits nobody in a step that had to preempt
             self._schedule_waiting(out, budget, threshold)
-        for request_id, num_tokens in out.num_scheduled_tokens.items():  # vLLM: _update_after_schedule
-            self.requests[request_id].num_computed_tokens += num_tokens
-            self.requests[request_id].is_prefill_chunk = (self.requests[request_id].num_computed_tokens
-                                                          < self.requests[request_id].num_tokens)
+        self._update_after_schedule(out)
         return out
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        """Count the step's tokens as computed now, so the next ``schedule()`` may hand out the tokens after them
+        before this step has run (vLLM 0.33: ``Scheduler._update_after_schedule``)."""
+        for request_id, num_tokens in out.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            request.num_computed_tokens += num_tokens
+            request.num_in_flight_tokens += num_tokens
+            request.is_prefill_chunk = request.num_computed_tokens < (request.num_tokens
+                                                                      + request.num_output_placeholders)
 
     def _long_prefill_threshold(self) -> int:
         """This step's cap on a chunk: ``long_prefill_token_threshold``, or 0 (none) when at most one request is
@@ -193,7 +214,8 @@ class Scheduler:
     @staticmethod
     def _chunk(request: Request, num_computed: int, budget: int, threshold: int) -> int:
         """How many of the request's uncomputed tokens fit this step."""
-        num_new = request.num_tokens_with_spec - num_computed
+        # placeholders: tokens a step in flight samples (async scheduling)
+        num_new = request.num_tokens_with_spec + request.num_output_placeholders - num_computed
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
@@ -202,6 +224,10 @@ class Scheduler:
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
+            if (request.num_output_placeholders > 0 and request.num_computed_tokens + 2
+                    - request.num_output_placeholders >= len(request.prompt_token_ids) + request.max_tokens):
+                i += 1  # async: the step in flight samples its last token (max_tokens); schedule no extra step
+                continue
             num_new = self._chunk(request, request.num_computed_tokens, budget, threshold)
             while self.kv_cache_manager.allocate_slots(request, num_new,
                                                        num_lookahead_tokens=self.num_lookahead_tokens) is None:
@@ -215,7 +241,8 @@ class Scheduler:
                 budget -= num_new
                 i += 1
                 if request.spec_token_ids:  # the drafts that fit the chunk (the budget may cut some)
-                    num_scheduled_spec_tokens = num_new + request.num_computed_tokens - request.num_tokens
+                    num_scheduled_spec_tokens = (num_new + request.num_computed_tokens - request.num_tokens
+                                                 - request.num_output_placeholders)
                     if num_scheduled_spec_tokens > 0:
                         out.scheduled_spec_decode_tokens[request.request_id] = \
                             request.spec_token_ids[:num_scheduled_spec_tokens]
@@ -247,6 +274,9 @@ class Scheduler:
         self.num_recomputed_tokens += request.num_computed_tokens
         request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
         request.spec_token_ids = []
+        # async: the output of a step in flight is stale; it is delivered, but moves no counter
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting.appendleft(request)
@@ -258,37 +288,55 @@ class Scheduler:
                 queue.remove(request.request_id)
 
     def sampling_request_ids(self, out: SchedulerOutput) -> list:
-        """The scheduled requests whose chunk reaches the end of their tokens (and any drafts): they sample
-        this step."""
-        return [r for r in out.num_scheduled_tokens
-                if self.requests[r].num_computed_tokens >= self.requests[r].num_tokens]
+        """The scheduled requests whose chunk reaches the end of their tokens: they sample this step. Ask right
+        after ``schedule()`` (under async scheduling the next ``schedule()`` comes before this step's output)."""
+        return [r for r in out.num_scheduled_tokens if not self.requests[r].is_prefill_chunk]
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict) -> list:
         """Append each sampled token (a request that verified drafts: its list, the accepted drafts and one more);
         roll ``num_computed_tokens`` back by the rejected drafts; finish requests that hit ``max_tokens`` or a
-        stop token (tokens after it are dropped). Returns the request ids finished in this step."""
+        stop token (tokens after it are dropped). Returns the request ids finished in this step.
+
+        ``sampled``: request id -> token(s), for the requests that sampled (a prefill chunk samples nothing). Under
+        async scheduling the output may be stale (vLLM 0.33's ``update_from_output``): a request finished or aborted
+        while the step ran gets nothing; one preempted while it ran still gets its tokens (real ones: the step read
+        the blocks before anyone reused them), but no counter moves; otherwise the tokens resolve placeholders
+        (rejected drafts too), and the blocks they complete are cached."""
         done = []
-        for request_id in self.sampling_request_ids(out):
-            request = self.requests[request_id]
+        for request_id, num_tokens in out.num_scheduled_tokens.items():
+            request = self.requests.get(request_id)
+            if request is None:  # finished or aborted while this step ran (async): its output is dropped
+                continue
+            request.num_in_flight_tokens -= num_tokens
+            is_stale = request.num_stale_output_tokens > 0  # preempted while this step ran (async)
+            if is_stale:
+                request.num_stale_output_tokens -= num_tokens
+            if request_id not in sampled:  # a prefill chunk that stops short of the end
+                continue
             new_token_ids = sampled[request_id]
             new_token_ids = [new_token_ids] if isinstance(new_token_ids, int) else list(new_token_ids)
             draft = out.scheduled_spec_decode_tokens.get(request_id)
             if draft:  # vLLM: num_rejected = num_draft_tokens - num_accepted; their slots are written again
                 num_accepted = len(new_token_ids) - 1
-                request.num_computed_tokens -= len(draft) - num_accepted
+                if not is_stale:  # a stale count predates the preemption, which reset the counters already
+                    request.num_computed_tokens -= len(draft) - num_accepted
+                    if request.num_output_placeholders > 0:  # async: the rejected drafts were placeholders
+                        request.num_output_placeholders -= len(draft) - num_accepted
                 self.spec_decoding_stats.observe_draft(len(draft), num_accepted)
+            has_output_placeholders = request.num_output_placeholders > 0
             stopped = False
             for token in new_token_ids:
                 request.output_token_ids.append(token)
                 stopped = len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids
                 if stopped:
                     break
+            if not is_stale and has_output_placeholders:  # async: the placeholders are tokens now
+                request.num_output_placeholders -= len(new_token_ids)  # those cut after a stop too
+                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if stopped:
-                self.kv_cache_manager.free(request)
-                self._running.remove(request)
-                request.status = RequestStatus.FINISHED
+                (self._running if request.status == RequestStatus.RUNNING else self._waiting).remove(request)
+                self._free_request(request, RequestStatus.FINISHED)
                 self.finished[request_id] = list(request.output_token_ids)
-                del self.requests[request_id]
                 done.append(request_id)
         return done
 
@@ -304,6 +352,29 @@ class Scheduler:
                 continue
             request.spec_token_ids = list(spec_token_ids)[:self.num_spec_tokens]
 
+    def _free_request(self, request: Request, status: RequestStatus) -> None:
+        """Its blocks back to the pool, at once, even with a step in flight that reads them: that step runs before
+        any later one can write them (vLLM 0.33: ``_free_request``)."""
+        self.kv_cache_manager.free(request)
+        request.status = status
+        del self.requests[request.request_id]
+
+    def finish_requests(self, request_ids, finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list:
+        """Finish requests from outside, e.g. a client that went away (vLLM 0.33: ``Scheduler.finish_requests``,
+        behind ``abort_request``). ``request_ids``: a list; ids not unfinished are skipped. Their blocks are freed
+        now, even with a step in flight for them; that step's output for them is dropped. Returns the ids finished."""
+        if not isinstance(request_ids, (list, set, frozenset)):
+            raise PagedKVValueError(f"request_ids must be a list of request ids, got {request_ids!r}.")
+        if finished_status not in (RequestStatus.FINISHED, RequestStatus.FINISHED_ABORTED):
+            raise PagedKVValueError(f"finished_status must be a finished RequestStatus, got {finished_status!r}.")
+        for request_id in request_ids:
+            check_hashable("request_ids[...]", request_id)
+        valid = [self.requests[r] for r in dict.fromkeys(request_ids) if r in self.requests]
+        for request in valid:
+            (self._running if request.status == RequestStatus.RUNNING else self._waiting).remove(request)
+            self._free_request(request, finished_status)
+        return [r.request_id for r in valid]
+
     def finish_ignored(self, request_id) -> None:
         """Finish a waiting request that can never fit, with the tokens it has (the engine warns)."""
         request = self.requests.pop(request_id)
@@ -312,5 +383,5 @@ class Scheduler:
         self.finished[request_id] = list(request.output_token_ids)
 
     def __repr__(self) -> str:
-        return (f"v1.Scheduler(running={self.running}, waiting={self.waiting}, "
+        return (f"v1.{type(self).__name__}(running={self.running}, waiting={self.waiting}, "
                 f"budget={self.max_num_batched_tokens}, preemptions={self.num_preemptions})")
