@@ -83,6 +83,7 @@ CONCEPTS: dict[str, str] = {
     "worker-block-table": "the GPU worker's persistent copy of each table, sent only what changed; CUDA graphs",
     "kv-cache-groups": "layers grouped by attention type, one block table per group over one pool",
     "sliding-window-release": "a sliding-window group giving blocks out of its window back while a request runs",
+    "sliding-block-retention": "which full blocks of a sliding group keep a prefix-cache name (retention interval)",
     "hybrid-prefix-hit": "the prefix hit every group agrees on, shorter when a sliding group's cache has a gap",
     # planned notebooks (14-16)
     "spec-decode": "draft tokens verified in one step: lookahead slots, num_computed_tokens rolled back on a reject",
