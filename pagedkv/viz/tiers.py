@@ -79,10 +79,11 @@ def _wrap(cells: list, per_line: int = 8) -> str:
 
 
 def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title: str | None = None,
-               highlight=(), columns: int = 8):
+               highlight=(), columns: int = 8, highlight_label: str = "red: highlighted"):
     """Both tiers as grids, each cell labelled with the name of the K/V it holds and coloured by its owner
-    (``A`` for "A2"); ``highlight``: names to outline in red (e.g. the blocks a turn needs). Returns the Axes; the
-    key is drawn under it."""
+    (``A`` for "A2"); ``highlight``: labels to outline in red (block names, or ``"new"`` for a GPU block in use that
+    holds no named K/V yet), ``highlight_label`` the key's line for them. Returns the Axes; the key is drawn under
+    it."""
     _check(gpu, cpu, names)
     owners = list(dict.fromkeys(_owner(n) for n in names.values()))
     colors = {o: PALETTE[i % len(PALETTE)] for i, o in enumerate(owners)}
@@ -107,8 +108,9 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
             fill = _lighter(owner) if b.is_free else owner
         else:
             fill = FREE if b.is_free and not b.block_hash else "#E0E0E0" if b.is_free else "#BBBBBB"
-        edge, width = (HIGHLIGHT, 2.0) if name in marked else (EDGE, 0.6)
-        cell(x, y, name or ("" if b.is_free else "new"), fill, edge=edge, width=width, corner=str(b.block_id))
+        label = name or ("" if b.is_free else "new")
+        edge, width = (HIGHLIGHT, 2.0) if label and label in marked else (EDGE, 0.6)
+        cell(x, y, label, fill, edge=edge, width=width, corner=str(b.block_id))
     x0 = columns + 1
     ax.text(x0, -0.35, f"CPU tier ({cpu.num_cpu_blocks} blocks)", fontsize=9, weight="bold")
     by_id = {c.chunk_id: c for c in cpu.chunks}
@@ -136,6 +138,6 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
     if any(c.ref_count for c in cpu.chunks):
         handles.append(Patch(facecolor="white", edgecolor="#000000", linewidth=2, label="thick: pinned by a load"))
     if marked:
-        handles.append(Patch(facecolor="white", edgecolor=HIGHLIGHT, linewidth=2, label="red: the blocks asked for"))
+        handles.append(Patch(facecolor="white", edgecolor=HIGHLIGHT, linewidth=2, label=highlight_label))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=7, frameon=False)
     return ax
