@@ -787,9 +787,10 @@ def _check_async_scheduling(async_scheduling, version: str, speculative_config) 
                                 "version='v1', or drop async_scheduling for the paper's synchronous v0 loop.")
     if async_scheduling and speculative_config is not None:
         raise PagedKVValueError("async_scheduling=True with speculative_config: pagedkv proposes n-gram drafts on "
-                                "the main thread from each step's sampled tokens, as vLLM 0.33's V1 model runner "
-                                "does, and that runner refuses async scheduling with ngram-based speculative "
-                                "decoding (VllmConfig); drop one of the two.")
+                                "the main thread from each step's sampled tokens, as vLLM 0.33's older V1 model "
+                                "runner does, and follows that runner's restriction (VllmConfig refuses async "
+                                "scheduling with ngram drafts on it; 0.33's default Model Runner V2 combines the "
+                                "two); drop one of the two.")
 
 
 def _check_v1_settings(num_cpu_blocks, preemption_mode, watermark, block_manager) -> None:

@@ -516,7 +516,7 @@ def test_a_stuck_forward_fails_within_the_timeout(tiny, monkeypatch):
     (dict(version="v1", async_scheduling="yes"), "async_scheduling must be True"),
     (dict(version="v1", async_scheduling=None), "async_scheduling must be True"),
     (dict(version="v1", async_scheduling=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
-     "refuses async scheduling with ngram"),
+     "follows that runner.s restriction"),
 ])
 def test_bad_async_settings_say_what_to_do(tiny, kwargs, words):
     with pytest.raises(PagedKVError, match=words):

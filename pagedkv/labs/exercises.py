@@ -977,9 +977,10 @@ EXERCISES: dict[str, Exercise] = {
                       expected=_stale_token_delivered,
                       hint="which counters does _preempt_request reset, and what may a stale output still change?",
                       mistakes=((lambda: (1, 0), "a stale output is delivered: the step read B's blocks before anyone "
-                                 "could reuse them, so its token is real and joins B's output."),
+                                 "could reuse them, so its token is real and is appended to B's output."),
                                 (lambda: (2, 5), "the preemption reset num_computed_tokens to 0, and a stale output "
-                                 "moves no counter: B recomputes everything when it comes back."))),
+                                 "changes neither num_computed_tokens nor num_output_placeholders: B recomputes "
+                                 "everything when it comes back."))),
     "offload-two-tier-hit": Exercise(
         "(prompt tokens from the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens computed)",
         notebook="kv_offloading", expected=_two_tier_hit,

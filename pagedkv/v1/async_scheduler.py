@@ -10,12 +10,15 @@ The engine keeps two steps in flight (``LLMEngine``'s batch queue, vLLM's ``Engi
 **placeholder**: ``num_output_placeholders`` counts its token nobody has seen yet, and since
 ``num_computed_tokens`` already counts step N's tokens, the next ``schedule()`` hands it ``num_tokens +
 num_output_placeholders - num_computed_tokens = 1`` token: a slot is allocated, and the model runner feeds the
-token that step N samples (vLLM: ``_prepare_input_ids`` copies ``prev_sampled_token_ids`` on the GPU).
+token that step N samples (vLLM 0.33's default Model Runner V2: ``combine_sampled_and_draft_tokens`` reads
+``req_states.last_sampled_tokens`` on the GPU; the older V1 runner: ``_prepare_input_ids`` and
+``prev_sampled_token_ids``).
 
 The rest lives where 0.33 puts it, in ``Scheduler`` (``scheduler.py``), and does nothing when there is no
 placeholder: ``update_from_output`` turns each returned token's placeholder into a token (``-1``), drops the output
 of a request finished or aborted while the step ran, and delivers the output of one preempted while it ran as
-"stale" (its token is kept, no counter moves: ``_preempt_request`` already reset them). ``schedule()`` gives no
+"stale" (its token is appended to the output, but changes neither ``num_computed_tokens`` nor
+``num_output_placeholders``: ``_preempt_request`` already reset them). ``schedule()`` gives no
 extra step to a request whose step in flight samples its last token (``max_tokens``); a stop token or EOS cannot
 be known in advance, so that request has one step too many: one slot allocated and one token computed, then thrown
 away.

@@ -82,7 +82,8 @@ class Request:
     num_in_flight_tokens: int = 0
     # ... of which sampled tokens nobody has seen yet (their slots are allocated; AsyncScheduler sets them)
     num_output_placeholders: int = 0
-    # tokens in flight when the request was preempted: their output is delivered, but changes no counter
+    # tokens in flight when the request was preempted: their output is appended (num_tokens grows), but changes
+    # neither num_computed_tokens nor num_output_placeholders (the preemption reset them)
     num_stale_output_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in its next step
     is_prefill_chunk: bool = False  # its last scheduled chunk stopped short of its tokens (samples nothing)
@@ -169,6 +170,7 @@ class Scheduler:
         self.finished_recving_kv_req_ids: set = set()
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens thrown away by preemptions (computed again later)
+        self.num_stale_tokens_delivered = 0  # async: tokens of a step in flight at a preemption, still appended
         self.num_external_computed_tokens = 0  # tokens a KV connector's loads supplied (not computed here)
 
     @property
@@ -377,7 +379,8 @@ class Scheduler:
         self.num_recomputed_tokens += request.num_computed_tokens
         request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
         request.spec_token_ids = []
-        # async: the output of a step in flight is stale; it is delivered, but moves no counter
+        # async: the output of a step in flight is stale; it is appended to the output, but changes neither
+        # num_computed_tokens nor num_output_placeholders (vLLM 0.33: "must not mutate the reset counters")
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
         request.num_preemptions += 1
@@ -403,7 +406,8 @@ class Scheduler:
         ``sampled``: request id -> token(s), for the requests that sampled (a prefill chunk samples nothing). Under
         async scheduling the output may be stale (vLLM 0.33's ``update_from_output``): a request finished or aborted
         while the step ran gets nothing; one preempted while it ran still gets its tokens (real ones: the step read
-        the blocks before anyone reused them), but no counter moves; otherwise the tokens resolve placeholders
+        the blocks before anyone reused them), appended to the output, but changing neither ``num_computed_tokens`` nor
+        ``num_output_placeholders``; otherwise the tokens resolve placeholders
         (rejected drafts too), and the blocks they complete are cached. ``kv_connector_output``: what the KV
         connector's worker side finished (loads landed, stores done)."""
         done = []
@@ -431,6 +435,7 @@ class Scheduler:
             stopped = False
             for token in new_token_ids:
                 request.output_token_ids.append(token)
+                self.num_stale_tokens_delivered += is_stale
                 stopped = len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids
                 if stopped:
                     break
