@@ -947,24 +947,24 @@ EXERCISES: dict[str, Exercise] = {
         hint="the step schedules the last token and every draft, and allocate_slots gives them all slots; "
              "update_from_output rolls back only num_computed_tokens, and a block is hashed only up to num_tokens "
              "as it was when the step was scheduled.",
-        mistakes=((lambda: (2, 29, 1), "a rejection gives no block back: the table keeps the block the drafts were "
-                   "given (vLLM frees blocks only when a request finishes or is preempted)."),
-                  (lambda: (3, 34, 1), "num_computed_tokens is rolled back by the rejected drafts: "
-                   "num_computed_tokens -= num_rejected."),
-                  (lambda: (3, 30, 1), "the token the target adds (the replacement for the first rejected draft) "
-                   "has no K/V yet: it is computed next step, as any sampled token."),
+        mistakes=((lambda: (2, 29, 1), "which call would have given the drafts' block back, and was it made? (In a "
+                   "full-attention group vLLM 0.33 frees blocks only when a request finishes or is preempted.)"),
+                  (lambda: (3, 34, 1), "schedule() counted every draft as computed; how many did the target reject, "
+                   "and what does update_from_output do with that number?"),
+                  (lambda: (3, 30, 1), "does the token the target adds (the replacement for the first rejected "
+                   "draft) have K/V yet? In which step is a sampled token's K/V computed?"),
                   (lambda: _rollback_at_a_block_boundary(cached_past_drafts=True),
-                   "blocks are cached only up to request.num_tokens when the step is scheduled (28), never for a "
-                   "draft's slot."))),
+                   "up to which token count does allocate_slots cache blocks when the step is scheduled, and does "
+                   "that count include a draft?"))),
     "spec-lookahead-blocks": Exercise(
         "(blocks with n-gram drafts, blocks with EAGLE)", notebook="speculative_decoding", expected=_lookahead_blocks,
         hint="count the slots: the computed tokens, the step's query rows (the last token and the drafts), and for "
              "a drafter that writes its own K/V, num_lookahead_tokens more.",
-        mistakes=((lambda: (1, 1), "EAGLE writes K/V for its own guesses past the scheduled tokens: allocate_slots "
-                   "adds num_lookahead_tokens (= num_speculative_tokens for EAGLE) slots."),
-                  (lambda: (2, 2), "prompt lookup writes no K/V of its own (num_lookahead_tokens = 0): 11 computed "
-                   "+ 4 query rows = 15 slots."),
-                  (lambda: (1, 3), "the lookahead adds 3 slots, not 3 blocks."))),
+        mistakes=((lambda: (1, 1), "does EAGLE write K/V for its own guesses? Where do they go, and what does "
+                   "allocate_slots add for them?"),
+                  (lambda: (2, 2), "does prompt lookup write any K/V of its own? Count the computed tokens and the "
+                   "step's query rows."),
+                  (lambda: (1, 3), "how many slots does the lookahead add, and how many blocks do they span here?"))),
     "async-tokens-computed": Exercise("(tokens computed for A, tokens computed for B)", notebook="async_scheduling",
                       expected=_async_tokens_computed,
                       hint="a step runs on the tokens it was scheduled with; which of the two requests' last token "
