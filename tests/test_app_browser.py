@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from pagedkv.__main__ import CULL_IDLE_SECONDS, CULL_INTERVAL_SECONDS
+
 from browser_helpers import CHROMIUM, chromium_page, free_port, stop, wait_for_port
 
 pytestmark = pytest.mark.browser
@@ -116,8 +118,11 @@ def test_every_load_shows_the_app_and_leaves_no_kernel_behind(app, tmp_path):
                 raise
         page.goto("about:blank")
     assert outside == []  # nothing asked of any other machine, on any load
-    deadline = time.monotonic() + 60
-    while kernels_of(app.server) and time.monotonic() < deadline:  # the last page's beacon reaches the server
+    # The last page's beacon reaches the server within seconds almost always; once in three CI runs of round 5 it
+    # did not within 60 s (not understood yet: see the round-5 note), and then the culler must take the kernel, as
+    # the README promises for a page that vanished without a word (CULL_IDLE_SECONDS + CULL_INTERVAL_SECONDS).
+    deadline = time.monotonic() + CULL_IDLE_SECONDS + 2 * CULL_INTERVAL_SECONDS
+    while kernels_of(app.server) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert kernels_of(app.server) == 0
 
