@@ -6,7 +6,9 @@ in its own copy of the course folder, the grades merged into the course's gradeb
 the released notebooks untouched (0 points in every check) and the solutions with one plausible wrong answer per
 notebook, which must lose exactly that exercise's points and score every other check in full, so a right answer
 scores full marks in every exercise but the one broken per notebook (those are right in the solution notebooks,
-which nbval runs, and in tests/test_labs.py). ``make feedback`` writes both students' feedback and the grades.
+which nbval runs, and in tests/test_labs.py). Each student added one cell to notebook 01, which prints where its
+kernel listens: the two batches' kernels share no port (they once raced for one in CI). ``make feedback`` writes
+both students' feedback and the grades.
 Two autogrades where there were three (a blank, a right and a wrong submission): a third of this test's time.
 (Their kernels were once nudged from outside: now and then a widget cell's reply never reached nbgrader. The
 widgets caused that, and no longer do: pagedkv/viz/widget_output.py.)
@@ -14,6 +16,7 @@ widgets caused that, and no longer do: pagedkv/viz/widget_output.py.)
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +106,19 @@ def make_wrong(source: Path, target: Path) -> str:
     return hits[0]["metadata"]["nbgrader"]["grade_id"].removesuffix("-answer") + "-check"
 
 
+# A cell a student might add: where its kernel's connection file says the kernel listens.
+TRANSPORT_CELL = ("import json, ipykernel.connect\n"
+                  "info = json.load(open(ipykernel.connect.get_connection_file()))\n"
+                  "print('kernel transport', info['transport'], info['ip'])")
+
+
+def add_transport_cell(path: Path) -> None:
+    notebook = json.loads(path.read_text())
+    notebook["cells"].append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                              "source": TRANSPORT_CELL})
+    path.write_text(json.dumps(notebook))
+
+
 def scores(course: Path, student: str) -> dict:
     """``{notebook number: {check's grade id: (score, max_score)}}`` from the course's gradebook."""
     from nbgrader.api import Gradebook
@@ -114,8 +130,9 @@ def scores(course: Path, student: str) -> dict:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Release the course, autograde a blank and a wrong submission (two at once, `make autograde JOBS=2`), and
-    write the feedback. Returns the course, each student's scores, the autograde log and the broken checks."""
+    """Release the course, autograde a blank and a wrong submission (two at once, `make autograde JOBS=2`; each
+    with a cell added to notebook 01 that prints its kernel's transport), and write the feedback. Returns the
+    course, each student's scores, the autograde log and the broken checks."""
     root = tmp_path_factory.mktemp("grading")
     clone = fresh_clone(root / "pagedkv")
     course = root / "course"
@@ -130,10 +147,10 @@ def graded(tmp_path_factory):
                 shutil.copy(course / "release" / ASSIGNMENT / path.name, submitted / path.name)
             else:
                 broken[path.name[:2]] = make_wrong(path, submitted / path.name)
+        add_transport_cell(submitted / SOLUTIONS[0].name)
     started = time.monotonic()
-    # JOBS=1: with JOBS=2 two nbgraders once raced for one kernel port (zmq "Address already in use"); round 5 note
-    run = make(clone, "autograde", course, "JOBS=1")
-    finish(run, "autograde JOBS=1")
+    run = make(clone, "autograde", course, "JOBS=2")
+    finish(run, "autograde JOBS=2")
     print(f"make autograde JOBS=2, two students: {time.monotonic() - started:.0f} s, load average "
           f"{os.getloadavg()[0]:.1f}")  # pytest -s shows it: the guide's figure
     finish(make(clone, "feedback", course), "feedback")
@@ -177,6 +194,23 @@ def test_one_wrong_answer_costs_exactly_its_points_and_right_ones_score_full_mar
         assert broken[number] in checks, (number, broken[number], checks)
         for name, (score, maximum) in checks.items():
             assert score == (0 if name == broken[number] else maximum) and maximum > 0, (number, name, score)
+
+
+def test_parallel_kernels_share_no_port(graded):
+    """`make autograde JOBS=2` once failed in CI: two nbgraders' kernels were handed the same TCP port (zmq
+    "Address already in use"; jupyter_client frees a port it picked before the kernel binds it). Each batch's
+    kernels now listen on Unix sockets in a folder of their own (pagedkv/labs/autograde.py, kernel_sockets): read
+    back from inside the kernels, through the cell each student added to notebook 01."""
+    course = graded[0]
+    where = {}
+    for student in ("blank", "wrong"):
+        path = course / "autograded" / student / ASSIGNMENT / SOLUTIONS[0].name
+        cell = next(c for c in json.loads(path.read_text())["cells"] if "".join(c["source"]) == TRANSPORT_CELL)
+        said = "".join(text for output in cell["outputs"] for text in output.get("text", []))
+        match = re.fullmatch(r"kernel transport (\w+) (\S+)\n", said)
+        assert match and match[1] == "ipc", (student, cell["outputs"])
+        where[student] = Path(match[2]).parent
+    assert where["blank"] != where["wrong"], where  # one folder of sockets per batch
 
 
 def test_autograde_logs_no_warning(graded):
