@@ -100,7 +100,7 @@ release: grading
 # merged into the course's gradebook (pagedkv/labs/autograde.py); about one job per two cores.
 JOBS ?= 1
 autograde: $(GRADE_STAMP)
-	$(if $(filter-out 1,$(JOBS)),$(IN_COURSE) -m pagedkv autograde $(ASSIGNMENT) --jobs $(JOBS),$(NBGRADER) \
+	$(if $(filter-out 1,$(JOBS)),$(IN_COURSE) -m pagedkv autograde --jobs $(JOBS) $(ASSIGNMENT),$(NBGRADER) \
 		autograde $(ASSIGNMENT)) $(NBGRADER_ARGS)
 
 feedback: $(GRADE_STAMP)

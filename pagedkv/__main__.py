@@ -238,6 +238,7 @@ def main(argv=None) -> int:
                                                   "JOBS=N); run it in the course folder")
     grade.add_argument("assignment", help="the assignment's name (make's ASSIGNMENT: pagedkv)")
     grade.add_argument("--jobs", type=int, default=2, help="students graded at once, in batches (default: 2)")
+    # everything after the assignment, options included, goes to nbgrader: --jobs comes before the assignment
     grade.add_argument("nbgrader_args", nargs=argparse.REMAINDER, help="passed on to each nbgrader autograde")
     guide = commands.add_parser("guide", help="rewrite the instructor guide's generated block (counts, points, "
                                               "each notebook's exercises) from the notebooks and exercises.py")

@@ -158,6 +158,24 @@ def graded(tmp_path_factory):
     return course, {student: scores(course, student) for student in ("blank", "wrong")}, run.log.read_text(), broken
 
 
+def test_make_autograde_jobs_reaches_pagedkv_and_nothing_else_reaches_nbgrader(monkeypatch):
+    """``make autograde JOBS=3`` once gave ``--jobs 3`` after the assignment, where pagedkv's command line passes
+    everything on to nbgrader: 2 batches (the default) and nbgrader's "WARNING Unrecognized alias: 'jobs'"."""
+    import shlex
+
+    from pagedkv.__main__ import main
+    from pagedkv.labs import autograde
+
+    printed = subprocess.run(["make", "-n", "-o", str(VENV / ".pagedkv-grade"), f"VENV={VENV}", "COURSE=course",
+                              "autograde", "JOBS=3"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    line = next(line for line in printed.splitlines() if "-m pagedkv autograde" in line)
+    words = shlex.split(line.split("&&", 1)[1])
+    called = []
+    monkeypatch.setattr(autograde, "autograde", lambda *args: called.append(args) or 0)
+    assert main(words[words.index("pagedkv") + 1:]) == 0
+    assert [args[1:] for args in called] == [(ASSIGNMENT, 3, [])]
+
+
 def test_every_notebook_has_two_graded_exercises():
     for path in SOLUTIONS:
         assert len(graded_cells(path)) >= 2, path.name
@@ -220,6 +238,7 @@ def test_autograde_logs_no_warning(graded):
     assert "Attribute 'checksum'" not in log and "has changed" not in log, log[-3000:]
     assert "cannot be converted" not in log, log[-3000:]
     assert "SAWarning" not in log, log[-3000:]  # nbgrader's own, silenced by nbgrader_config.py
+    assert "WARNING" not in log, log[-3000:]  # e.g. "Unrecognized alias: 'jobs'" (the test above)
 
 
 def outputs_text(cell) -> str:
