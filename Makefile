@@ -97,7 +97,7 @@ release: grading
 	$(NBGRADER) generate_assignment $(ASSIGNMENT) $(NBGRADER_ARGS)
 
 # JOBS=N (N > 1): N students at once, each batch by its own nbgrader in a copy of the course folder, the grades then
-# merged into the course's gradebook (pagedkv/labs/autograde.py); about one job per two cores.
+# merged into the course's gradebook (pagedkv/labs/autograde.py); one job per idle core (notebooks/README.md).
 JOBS ?= 1
 autograde: $(GRADE_STAMP)
 	$(if $(filter-out 1,$(JOBS)),$(IN_COURSE) -m pagedkv autograde --jobs $(JOBS) $(ASSIGNMENT),$(NBGRADER) \

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -77,13 +78,19 @@ def make(clone: Path, target: str, course: Path, *args: str):
     env = dict(os.environ, PATH=path, PAGEDKV_QUIET="1", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     command = ["make", "-o", str(VENV / ".pagedkv-grade"), f"VENV={VENV}", f"COURSE={course}", target, *args]
     with open(course.parent / f"make-{target}-{course.name}.log", "w") as log:  # a file: three never block on it
-        process = subprocess.Popen(command, cwd=clone, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=clone, env=env, text=True, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # its own process group: finish() can end it all
     process.log = Path(log.name)
     return process
 
 
 def finish(process, what):
-    process.wait(timeout=900)
+    try:
+        process.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # make, nbgrader and what they started: nothing left running
+        process.wait()
+        raise
     assert process.returncode == 0, f"make {what} failed:\n{process.log.read_text()[-4000:]}"
     # nbgrader goes on with its defaults when the config file fails: that must fail here
     assert "Exception while loading config" not in process.log.read_text(), process.log.read_text()[:2000]
