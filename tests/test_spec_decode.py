@@ -201,6 +201,7 @@ def test_four_drafts_one_accepted_rolls_back_three_slots_and_keeps_the_blocks():
     assert s.spec_decoding_stats.num_accepted_tokens_per_pos == [1, 0, 0, 0]
     drawn = slot_map(kv.snapshot(), "a", request.num_computed_tokens, request.num_tokens)
     assert str(drawn).splitlines()[1:3] == ["  block   1  [###x]", "  block   2  [xx..]"]  # 7-9: rejected drafts
+    assert drawn.pending == (7,)  # and 7 is where the pending token 11 goes: written next step
     out = draft_step(s, "a", [12], [12, 13])  # the next step writes slot 7 again (the rejected 8's slot)
     assert out.num_scheduled_tokens == {"a": 2} and request.num_computed_tokens == 9
     assert len(kv.get_block_ids("a")) == 3 and kv.num_free_blocks == 13  # no new block: it had them
