@@ -61,3 +61,23 @@ def test_every_figure_has_alt_text(path):
         if cell["cell_type"] == "code" and any("image/png" in o.get("data", {}) for o in cell["outputs"]):
             alt = cell["metadata"].get("alt", "")
             assert len(alt) > 20, f"{path.name} cell {index} ({cell.get('id')}): a figure with no alt text"
+
+
+RESULTS = NOTEBOOKS[0].parents[1] / "benchmarks" / "RESULTS.md"
+SPEEDUP = r"(?<![\w.])(\d+(?:\.\d+)?) ?x\b"  # 1.71x, 0.89x, 3x: a ratio as the notebooks and RESULTS.md write it
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_speedups_cited_from_results_are_in_results(path):
+    """A markdown paragraph that names ``RESULTS.md`` quotes its ratios from there: each ``N.NNx`` in it must still
+    be in ``benchmarks/RESULTS.md`` (notebook 14 once quoted a run the file had replaced)."""
+    import re
+
+    results = {float(x) for x in re.findall(SPEEDUP, RESULTS.read_text())}
+    for index, cell in enumerate(cells(path)):
+        if cell["cell_type"] != "markdown":
+            continue
+        for paragraph in "".join(cell["source"]).split("\n\n"):
+            if "RESULTS.md" in paragraph:
+                missing = [x for x in re.findall(SPEEDUP, paragraph) if float(x) not in results]
+                assert not missing, f"{path.name} cell {index}: {missing} cited from RESULTS.md, not in it"

@@ -201,10 +201,37 @@ def test_four_drafts_one_accepted_rolls_back_three_slots_and_keeps_the_blocks():
     assert s.spec_decoding_stats.num_accepted_tokens_per_pos == [1, 0, 0, 0]
     drawn = slot_map(kv.snapshot(), "a", request.num_computed_tokens, request.num_tokens)
     assert str(drawn).splitlines()[1:3] == ["  block   1  [###x]", "  block   2  [xx..]"]  # 7-9: rejected drafts
+    assert drawn.pending == (7,)  # and 7 is where the pending token 11 goes: written next step
     out = draft_step(s, "a", [12], [12, 13])  # the next step writes slot 7 again (the rejected 8's slot)
     assert out.num_scheduled_tokens == {"a": 2} and request.num_computed_tokens == 9
     assert len(kv.get_block_ids("a")) == 3 and kv.num_free_blocks == 13  # no new block: it had them
     assert s.spec_decoding_stats.num_drafts == 2 and s.spec_decoding_stats.num_draft_tokens == 5
+
+
+@pytest.mark.parametrize("accepted", range(7))
+def test_update_from_output_names_the_blocks_that_accepted_drafts_fill(accepted):
+    """vLLM 0.33's ``update_from_output`` calls ``cache_blocks(request, num_computed_tokens - num_in_flight_tokens)``
+    whenever speculation is on (``scheduler.py``, after ``_update_request_with_output``): a block the accepted drafts
+    fill is named right after the step, not at the next ``allocate_slots``. Blocks of 16, 28 tokens, 27 computed,
+    6 drafts (positions 28-33); block 1 (positions 16-31) is full of verified K/V from 4 accepted drafts on."""
+    kv = KVCacheManager(16, 8)
+    s = Scheduler(kv, num_spec_tokens=6)
+    s.add_request("a", list(range(27)), 40)
+    s.update_from_output(s.schedule(), {"a": 27})
+    drafts = list(range(100, 106))
+    s.update_draft_token_ids({"a": drafts})
+    out = s.schedule()
+    table = kv.get_block_ids("a")
+    assert len(table) == 3 and len(kv.prefix_cache.block_to_hash) == 1  # allocate_slots: up to num_tokens (28)
+    s.update_from_output(out, {"a": drafts[:accepted] + [200]})
+    request = s.requests["a"]
+    assert request.num_computed_tokens == 28 + accepted and request.num_tokens == 29 + accepted
+    named = (28 + accepted) // 16  # full blocks of verified K/V; the last sampled token has none yet
+    assert [kv.block_pool.block_hash(b) is not None for b in table] == [i < named for i in range(3)]
+    # the name is the one a prompt with the same tokens looks up: a second request hits those blocks
+    s.add_request("b", request.all_token_ids[:32] + [300], 5)
+    hit, num_hit = kv.get_computed_blocks(s.requests["b"])
+    assert num_hit == 16 * named and list(hit) == table[:named]
 
 
 def test_the_budget_cuts_drafts_and_preemption_drops_them():
@@ -240,8 +267,10 @@ def test_a_stop_token_among_accepted_drafts_ends_the_request_there():
     s = Scheduler(KVCacheManager(4, 16), num_spec_tokens=3)
     s.add_request("a", [1, 2, 3], 10, stop_token_ids=[0])
     s.update_from_output(s.schedule(), {"a": 4})
+    request = s.requests["a"]
     draft_step(s, "a", [5, 0, 6], [5, 0, 6, 8])
     assert s.finished["a"] == [4, 5, 0] and s.kv_cache_manager.num_free_blocks == 16
+    assert request.num_computed_tokens == request.num_tokens - 1 == 5  # vLLM 0.33: the cut tokens are not computed
 
 
 # --------------------------------------------------------------- the engine, every step checked

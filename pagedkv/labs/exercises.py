@@ -606,18 +606,32 @@ def _rollback_at_a_block_boundary(accepted: int = 1, cached_past_drafts: bool = 
     return len(table), request.num_computed_tokens, cached
 
 
-def _lookahead_blocks():
-    """Blocks of 16, num_tokens 12 / num_computed_tokens 11, 3 drafts: the blocks ``allocate_slots`` leaves the table
-    with for n-gram (no lookahead) and for EAGLE (``num_lookahead_tokens = num_speculative_tokens = 3``)."""
-    from ..v1 import KVCacheManager, Request
+def _cached_after_verify(accepted_counts=(2, 3), named_up_to: str = "num_computed_tokens"):
+    """Blocks of 16, a decode at num_tokens 45 / num_computed_tokens 44 with 5 drafts (positions 45-49): the blocks
+    in the prefix cache right after ``update_from_output``, for each number of accepted drafts, replayed on the v1
+    scheduler (vLLM 0.33 calls ``cache_blocks`` there whenever speculation is on). ``named_up_to``: the mistakes,
+    counted from the same replay: blocks named up to ``num_tokens`` (the last sampled token's K/V counted), or only
+    by the step's ``allocate_slots`` (the call in ``update_from_output`` forgotten)."""
+    from ..v1 import KVCacheManager, Scheduler
 
-    blocks = []
-    for lookahead in (0, 3):
+    named = []
+    for accepted in accepted_counts:
         kv = KVCacheManager(16, 8)
-        request = Request("r", list(range(12)), 20, num_computed_tokens=11)
-        kv.allocate_slots(request, 1 + 3, num_lookahead_tokens=lookahead)
-        blocks.append(len(kv.get_block_ids("r")))
-    return tuple(blocks)
+        scheduler = Scheduler(kv, num_spec_tokens=5)
+        scheduler.add_request("r", list(range(44)), 60)
+        scheduler.update_from_output(scheduler.schedule(), {"r": 44})  # 45 tokens, 44 computed
+        drafts = list(range(100, 105))
+        scheduler.update_draft_token_ids({"r": drafts})
+        out = scheduler.schedule()
+        at_schedule = sum(kv.block_pool.block_hash(b) is not None for b in kv.get_block_ids("r"))
+        scheduler.update_from_output(out, {"r": drafts[:accepted] + [200]})
+        request = scheduler.requests["r"]
+        named.append({"num_computed_tokens": sum(kv.block_pool.block_hash(b) is not None
+                                                 for b in kv.get_block_ids("r")),
+                      "num_tokens": request.num_tokens // 16, "allocate_slots": at_schedule}[named_up_to])
+    return tuple(named)
+
+
 # -------------------------------------------------- async_scheduling
 def _async_tokens_computed():
     """Async scheduling (a queue of two steps), block size 16: A (30-token prompt, max_tokens=100) samples EOS as
@@ -945,8 +959,9 @@ EXERCISES: dict[str, Exercise] = {
         "(blocks held, num_computed_tokens, blocks in the prefix cache)", notebook="speculative_decoding",
         expected=_rollback_at_a_block_boundary,
         hint="the step schedules the last token and every draft, and allocate_slots gives them all slots; "
-             "update_from_output rolls back only num_computed_tokens, and a block is hashed only up to num_tokens "
-             "as it was when the step was scheduled.",
+             "update_from_output rolls back only num_computed_tokens. A block is hashed when allocate_slots "
+             "schedules the step (up to num_tokens, never a draft) and, with speculation on, in update_from_output "
+             "(up to the rolled-back num_computed_tokens): a block needs all its slots holding K/V that will stay.",
         mistakes=((lambda: (2, 29, 1), "which call would have given the drafts' block back, and was it made? (In a "
                    "full-attention group vLLM 0.33 frees blocks only when a request finishes or is preempted.)"),
                   (lambda: (3, 34, 1), "schedule() counted every draft as computed; how many did the target reject, "
@@ -955,16 +970,20 @@ EXERCISES: dict[str, Exercise] = {
                    "draft) have K/V yet? In which step is a sampled token's K/V computed?"),
                   (lambda: _rollback_at_a_block_boundary(cached_past_drafts=True),
                    "up to which token count does allocate_slots cache blocks when the step is scheduled, and does "
-                   "that count include a draft?"))),
-    "spec-lookahead-blocks": Exercise(
-        "(blocks with n-gram drafts, blocks with EAGLE)", notebook="speculative_decoding", expected=_lookahead_blocks,
-        hint="count the slots: the computed tokens, the step's query rows (the last token and the drafts), and for "
-             "a drafter that writes its own K/V, num_lookahead_tokens more.",
-        mistakes=((lambda: (1, 1), "does EAGLE write K/V for its own guesses? Where do they go, and what does "
-                   "allocate_slots add for them?"),
-                  (lambda: (2, 2), "does prompt lookup write any K/V of its own? Count the computed tokens and the "
-                   "step's query rows."),
-                  (lambda: (1, 3), "how many slots does the lookahead add, and how many blocks do they span here?"))),
+                   "that count include a draft? And after the rollback, how many tokens have K/V that stays?"))),
+    "spec-cached-after-verify": Exercise(
+        "(blocks in the prefix cache with 2 drafts accepted, with 3 accepted)", notebook="speculative_decoding",
+        expected=_cached_after_verify,
+        hint="after the rollback, which positions hold K/V that will stay? update_from_output names every block full "
+             "of them (cache_blocks with num_computed_tokens); a block needs all 16 of its slots verified.",
+        mistakes=((lambda: _cached_after_verify(named_up_to="num_tokens"),
+                   "with 2 drafts accepted the request has 48 tokens, so block 2 is full of tokens; but does every one "
+                   "of them have K/V that stays? How many rows did the rollback take back, and is the token this "
+                   "step sampled among the computed ones?"),
+                  (lambda: _cached_after_verify(named_up_to="allocate_slots"),
+                   "allocate_slots stopped at num_tokens (45) when the step was scheduled; is that the only call "
+                   "that names a speculating request's blocks? And with 3 accepted, which position is the last one "
+                   "holding K/V that stays (count the step's first row, the token that was pending)?"))),
     "async-tokens-computed": Exercise("(tokens computed for A, tokens computed for B)", notebook="async_scheduling",
                       expected=_async_tokens_computed,
                       hint="a step runs on the tokens it was scheduled with; which of the two requests' last token "

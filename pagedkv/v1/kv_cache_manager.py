@@ -230,8 +230,8 @@ class KVCacheManager:
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         """Name the request's blocks that are full within its first ``num_computed_tokens`` tokens, at most
-        ``request.num_tokens`` (vLLM 0.33: ``KVCacheManager.cache_blocks``; its scheduler calls it when a step's
-        output turns placeholders into tokens, under async scheduling)."""
+        ``request.num_tokens`` (vLLM 0.33: ``KVCacheManager.cache_blocks``; its scheduler's ``update_from_output``
+        calls it after a step's tokens arrive when speculation is on or placeholders were resolved (async))."""
         if self.block_pool.prefix_caches is None or request.request_id not in self.num_slots:
             return
         num_tokens = min(num_computed_tokens, request.num_tokens)

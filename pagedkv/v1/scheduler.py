@@ -408,8 +408,11 @@ class Scheduler:
         while the step ran gets nothing; one preempted while it ran still gets its tokens (real ones: the step read
         the blocks before anyone reused them), appended to the output, but changing neither ``num_computed_tokens`` nor
         ``num_output_placeholders``; otherwise the tokens resolve placeholders
-        (rejected drafts too), and the blocks they complete are cached. ``kv_connector_output``: what the KV
-        connector's worker side finished (loads landed, stores done)."""
+        (rejected drafts too). With speculation or async placeholders, the blocks full within the (rolled back)
+        ``num_computed_tokens``, less the tokens still in flight, are then cached (``cache_blocks``): with drafts
+        accepted, a block they completed is named now, not at the next ``allocate_slots``. A stop among the new
+        tokens drops those after it, from ``num_computed_tokens`` too, as vLLM does.
+        ``kv_connector_output``: what the KV connector's worker side finished (loads landed, stores done)."""
         done = []
         for request_id, num_tokens in out.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
@@ -432,15 +435,21 @@ class Scheduler:
                         request.num_output_placeholders -= len(draft) - num_accepted
                 self.spec_decoding_stats.observe_draft(len(draft), num_accepted)
             has_output_placeholders = request.num_output_placeholders > 0
+            status_before_stop = request.status
             stopped = False
-            for token in new_token_ids:
+            for num_new, token in enumerate(new_token_ids, 1):
                 request.output_token_ids.append(token)
                 self.num_stale_tokens_delivered += is_stale
                 stopped = len(request.output_token_ids) >= request.max_tokens or token in request.stop_token_ids
                 if stopped:
+                    if not is_stale:  # vLLM: num_computed_tokens covers every kept token but the last one
+                        request.num_computed_tokens -= len(new_token_ids) - num_new
                     break
             if not is_stale and has_output_placeholders:  # async: the placeholders are tokens now
                 request.num_output_placeholders -= len(new_token_ids)  # those cut after a stop too
+            if (not is_stale and status_before_stop == RequestStatus.RUNNING
+                    and (has_output_placeholders or self.num_spec_tokens > 0)):
+                # vLLM 0.33: name the blocks now full of verified K/V (with speculation, accepted drafts' blocks)
                 self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if stopped:
                 self._remove_from_queue(request)

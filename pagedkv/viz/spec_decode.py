@@ -7,7 +7,9 @@ map can be drawn for vLLM's own scheduler state as well. Two moments of a step:
 * **as scheduled** (``scheduled_drafts=k``): the slots this step writes, the request's new token(s) and its ``k``
   drafts, after its K/V in the cache;
 * **after the step** (``scheduled_drafts=None``): the rejected drafts' slots, written but past
-  ``num_computed_tokens`` after the rollback: stale, overwritten by the next step before any row reads them.
+  ``num_computed_tokens`` after the rollback: stale, overwritten by the next step before any row reads them. The
+  first of them is also the **pending** token's slot (the token the step sampled in place of the first rejected
+  draft, below ``num_tokens``): marked, since its K/V is written there next step.
 
 Each block is a row of ``block_size`` slots, numbered by position; a block in the prefix cache shows its hash: never
 one with a draft.
@@ -31,6 +33,7 @@ SLOT_KINDS = {
     "rejected": ("x", "#D55E00", "a rejected draft's slot: stale K/V, past num_computed_tokens"),
     "empty": (".", "#F4F4F4", "empty slot"),
 }
+PENDING = "a sampled token's position, over a rejected draft's K/V: written next step"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class SlotMap:
     kinds: tuple
     hashes: tuple  # the hash of each block (None: not in the prefix cache)
     title: str = ""
+    pending: tuple = ()  # positions of sampled tokens whose slot still holds a rejected draft's K/V
 
     def render(self) -> str:
         """A text map: one line per block (its id, a character per slot, its hash if it is cached), then the key."""
@@ -51,6 +55,8 @@ class SlotMap:
             lines.append(f"  block {block_id:>3}  [{slots}]" + (f"  hash {block_hash[:8]}" if block_hash else ""))
         used = sorted({k for kinds in self.kinds for k in kinds}, key=list(SLOT_KINDS).index)
         lines.append("  " + "   ".join(f"{SLOT_KINDS[k][0]} {k}" for k in used))
+        if self.pending:
+            lines.append(f"  pending: slot {', '.join(map(str, self.pending))} ({PENDING})")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -83,7 +89,8 @@ def slot_map(state: ManagerState, request_id, num_computed_tokens: int, num_toke
         return "new" if p < num_tokens else "empty"
 
     kinds = tuple(tuple(kind(i * bs + j) for j in range(bs)) for i in range(len(table)))
-    return SlotMap(request_id, tuple(table), kinds, tuple(hashes.get(b) for b in table), title)
+    pending = tuple(p for p in range(num_computed_tokens, num_tokens) if kinds[p // bs][p % bs] == "rejected")
+    return SlotMap(request_id, tuple(table), kinds, tuple(hashes.get(b) for b in table), title, pending)
 
 
 def draw_slot_maps(maps: list, axes=None, key: bool = True):
@@ -101,11 +108,14 @@ def draw_slot_maps(maps: list, axes=None, key: bool = True):
                                            hatch="///" if k == "rejected" else None))
                 ax.text(j + 0.46, row + 0.45, str(row * bs + j), ha="center", va="center", fontsize=7,
                         color="white" if k in ("kv", "rejected") else "#333333")  # the slot's position
+                if row * bs + j in m.pending:
+                    ax.add_patch(plt.Rectangle((j + 0.04, row + 0.04), 0.84, 0.78, fill=False,
+                                               edgecolor=SLOT_KINDS["new"][1], linewidth=2.2))
             ax.text(-0.2, row + 0.45, f"block {block_id}", ha="right", va="center", fontsize=8)
             if block_hash:
-                ax.text(bs + 0.1, row + 0.45, f"hash {block_hash[:4]}", ha="left", va="center", fontsize=7,
+                ax.text(bs + 0.1, row + 0.45, f"hash {block_hash[:8]}", ha="left", va="center", fontsize=7,
                         color="#333333")
-        ax.set_xlim(-2.4, bs + 1.6)
+        ax.set_xlim(-2.4, bs + 2.6)
         ax.set_ylim(depth + 0.1, -0.3)
         ax.set_aspect("equal")
         ax.axis("off")
@@ -115,5 +125,7 @@ def draw_slot_maps(maps: list, axes=None, key: bool = True):
         used = [k for k in SLOT_KINDS if any(k in kinds for m in maps for kinds in m.kinds)]
         handles = [Patch(facecolor=SLOT_KINDS[k][1] if k != "empty" else _lighter("#999999", 0.9), edgecolor=EDGE,
                          hatch="///" if k == "rejected" else None, label=SLOT_KINDS[k][2]) for k in used]
+        if any(m.pending for m in maps):
+            handles.append(Patch(facecolor="none", edgecolor=SLOT_KINDS["new"][1], linewidth=2.2, label=PENDING))
         axes[0].figure.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
     return axes
