@@ -181,7 +181,7 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
         d_red = d_logits + phases.logits_total
         d_out = d_red + num_threads
         d_exchange = d_out + phases.out_red_len
-        d_stats = d_exchange + num_threads  # per head: a partition's max and sum, the running ones (registers spared)
+        d_stats = d_exchange + num_threads  # per head: a partition's max and sum, the running ones
         d_part = d_stats + 4 * group  # this partition's output and the merged one, a slot per (head, dim)
         d_acc = d_part + phases.q_len
         smem_len = max(smem_len, d_acc + phases.q_len)
@@ -381,49 +381,50 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
             out_red, exchange = smem[d_out:d_exchange], smem[d_exchange:d_exchange + num_threads]
             first_head = kv_head * group
             stage_group(q_s, query, token, first_head)
-            stats = smem[d_stats:d_acc + q_len_d]  # per head: max, sum (a partition's), running max, running sum
+            # per head: this partition's max and sum, the running ones; per (head, dim): this partition's output
+            # and the merged one.  All in shared memory, read by index where needed: nothing is held in registers
+            # across attend_range, whose K and V loops want every register (ptxas spilled such values before).
+            part_max, part_sum = smem[d_stats:d_stats + group], smem[d_stats + group:d_stats + 2 * group]
+            run_max, run_sum = smem[d_stats + 2 * group:d_stats + 3 * group], smem[d_stats + 3 * group:d_part]
+            part, merged = smem[d_part:d_acc], smem[d_acc:d_acc + q_len_d]
             tid = cuda.threadIdx.x
             for h in range(tid, group, num_threads):
-                stats[2 * group + h] = NEG_INF  # the running max and sum per head, shared (the same for everyone)
-                stats[3 * group + h] = float32(0.0)
-            acc = d_acc - d_stats  # stats[acc + j]: the merged output slot j, thread j % num_threads's
-            for j in range(tid, q_len_d, num_threads):
-                stats[acc + j] = float32(0.0)
+                run_max[uint64(h)] = NEG_INF  # the same for every thread
+                run_sum[uint64(h)] = float32(0.0)
+            for j in range(tid, q_len_d, num_threads):  # slot j is thread j % num_threads's, as in ``part``
+                merged[uint64(j)] = float32(0.0)
             start = seg_lo
             if window:
                 start = max(start, seq_len - window)
             while start < seg_hi:  # the barriers inside order the writes to the running max and sum below
                 end = min((start // partition_size + 1) * partition_size, seg_hi)
                 attend_range(q_s, key_words, value_words, block_table, kv_head, num_kv_heads, start, end, scale,
-                             logits, red, out_red, exchange, stats[0:group], stats[group:2 * group],
-                             smem[d_part:d_acc])
+                             logits, red, out_red, exchange, part_max, part_sum, part)
                 for j in range(tid, q_len_d, num_threads):  # rescale what came before, add this partition
-                    h = j // head_size
-                    m_old, m_part = stats[2 * group + h], stats[h]
-                    m_new = max(m_old, m_part)
-                    stats[acc + j] = stats[acc + j] * math.exp(m_old - m_new) \
-                        + smem[d_part + j] * math.exp(m_part - m_new)
+                    h = uint64(j // head_size)
+                    m_new = max(run_max[h], part_max[h])
+                    merged[uint64(j)] = merged[uint64(j)] * math.exp(run_max[h] - m_new) \
+                        + part[uint64(j)] * math.exp(part_max[h] - m_new)
                 cuda.syncthreads()  # everyone has read the running max
                 for h in range(tid, group, num_threads):
-                    m_old, m_part = stats[2 * group + h], stats[h]
-                    m_new = max(m_old, m_part)
-                    stats[3 * group + h] = stats[3 * group + h] * math.exp(m_old - m_new) \
-                        + stats[group + h] * math.exp(m_part - m_new)
-                    stats[2 * group + h] = m_new
+                    m_new = max(run_max[uint64(h)], part_max[uint64(h)])
+                    run_sum[uint64(h)] = run_sum[uint64(h)] * math.exp(run_max[uint64(h)] - m_new) \
+                        + part_sum[uint64(h)] * math.exp(part_max[uint64(h)] - m_new)
+                    run_max[uint64(h)] = m_new
                 start = end
             cuda.syncthreads()  # the last partition's running max and sum are in
             for j in range(tid, q_len_d, num_threads):
                 h, d = j // head_size, j % head_size
-                total = stats[3 * group + h]
-                value = stats[acc + j] / total if total > 0 else float32(0.0)
+                total = run_sum[uint64(h)]
+                value = merged[uint64(j)] / total if total > 0 else float32(0.0)
                 if split:
                     tmp_out[token, first_head + h, segment, d] = value
                 else:
                     out[token, first_head + h, d] = value
             if split:
                 for h in range(tid, group, num_threads):
-                    max_logits[token, first_head + h, segment] = stats[2 * group + h]
-                    exp_sums[token, first_head + h, segment] = stats[3 * group + h]
+                    max_logits[token, first_head + h, segment] = run_max[uint64(h)]
+                    exp_sums[token, first_head + h, segment] = run_sum[uint64(h)]
 
     def unified_attention(out, tmp_out, max_logits, exp_sums, query, key_words, value_words, cu_seqlens_q, seq_lens,
                           block_tables, scale, num_seqs, num_kv_heads, segment_len):
