@@ -36,6 +36,14 @@ Which branch a tile takes is decided at run time (``q_len == 1``), the same
 for every thread of a block, so a mixed batch is still one launch per layer.
 In the simulator the group sums and block reductions go through shared memory
 (``simulated=True``) and there are no warp shuffles; tiny launches only.
+
+**Registers, and why the indices are unsigned.**  An index into shared memory
+is written ``uint64(...)`` (here and in ``grouped_phases``): with a signed one
+numba adds a negative-index wraparound to every address, LLVM hoists those
+thread-only addresses out of the partition loop, and they stayed in registers
+through the K and V loops until ptxas spilled them (48-56 bytes at sm_90, head
+128, before).  For the same reason a decode tile keeps its running max, sum and
+output in shared memory, not in registers across ``attend_range``.
 """
 
 from __future__ import annotations
@@ -112,12 +120,22 @@ def launch_bounds(num_threads: int, cc: tuple[int, int], num_queries_per_kv: int
 
     sm_90: 768 threads (37.5%, 80 registers a thread), 640 (31%) at head 256 with prefill tiles or a decode
     group of more than 512 accumulators (``num_queries_per_kv * head_size``); sm_80, whose code needs more
-    registers for the same body: 512 (25%), 384 (19%) at head 256 with prefill tiles.  ``static_report`` shows
-    no spill at these.
+    registers for the same body: 512 (25%), 384 (19%) at head 256 with prefill tiles, and 640 (31%) for MHA
+    decodes at head 256.  ``static_report`` shows no spill at these but that last one's 24 bytes.
+
+    Why sm_80 spills there: ptxas for sm_80 guards every warp shuffle inside a loop (the thread group's ``q.k``
+    sum) with a divergence check and an out-of-line call (``BRA.DIV``, ``__cuda_sm70_shflsync_bfly_p``), and
+    registers live across a call cost more; sm_90's code has neither.  MHA head-256 decodes on sm_80, by resident
+    threads (registers, spill bytes): 256 (193, 0), 384 (159, 0), 512 (128, 104), 640 (96, 24), 768 (80, 76).
+    No bound both spills nothing and keeps the 25% it had; 640 has the most occupancy and the fewest spill bytes
+    of the rest, stored once per 512-key partition, never inside the K or V loops (the same kernel with that sum
+    through shared memory, as in the simulator, spills nothing at 512: the shuffle's call is the cost).
     """
     if cc >= (9, 0):
         big = num_queries_per_kv * head_size > 512 if decodes_only else head_size > 128
         threads = 640 if big else 768
+    elif decodes_only and head_size > 128 and num_queries_per_kv == 1:
+        threads = 640
     else:
         threads = 384 if head_size > 128 and not decodes_only else 512
     return num_threads, max(1, threads // num_threads)
@@ -382,8 +400,8 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
             first_head = kv_head * group
             stage_group(q_s, query, token, first_head)
             # per head: this partition's max and sum, the running ones; per (head, dim): this partition's output
-            # and the merged one.  All in shared memory, read by index where needed: nothing is held in registers
-            # across attend_range, whose K and V loops want every register (ptxas spilled such values before).
+            # and the merged one.  All in shared memory, indexed unsigned: nothing held in registers across
+            # attend_range, whose K and V loops want every register (see the module docstring).
             part_max, part_sum = smem[d_stats:d_stats + group], smem[d_stats + group:d_stats + 2 * group]
             run_max, run_sum = smem[d_stats + 2 * group:d_stats + 3 * group], smem[d_stats + 3 * group:d_part]
             part, merged = smem[d_part:d_acc], smem[d_acc:d_acc + q_len_d]
