@@ -84,13 +84,15 @@ def test_static_estimates_meet_the_kernel_issue_targets():
 
 def test_static_estimates_of_the_unified_kernel_meet_issue_45():
     """The unified kernel's shipped rows (sm_90, head 128, fp16), warp instructions per (query head, key): a decode
-    tile <= 25 at GQA 4 and <= 40 at MHA, a prefill tile <= 40; occupancy at least the 37.5% it had before."""
+    tile <= 25 at GQA 4 and <= 40 at MHA, a prefill tile <= 40; occupancy at least the 37.5% it had before, and
+    nothing spilled."""
     tiles = {(r["tile"], r["gqa"]): r for r in kf.load_static_estimates() if "tile" in r}
     assert set(tiles) == {("prefill", 1), ("decode", 1), ("prefill", 4), ("decode", 4)}
     total = {key: sum(r["loops"].values()) for key, r in tiles.items()}
     assert total["decode", 4] <= 25 and total["decode", 1] <= 40
     assert total["prefill", 1] <= 40 and total["prefill", 4] <= 40
     assert all(r["occupancy"] >= 0.375 and r["sm"] == "sm_90" and r["head_size"] == 128 for r in tiles.values())
+    assert all(r["spill_bytes"] == 0 for r in tiles.values())
     text = kf.unified_estimates_text(kf.load_static_estimates())
     assert text.startswith("static estimate, not measured") and "decode tile (1 query x 4 heads)" in text
 

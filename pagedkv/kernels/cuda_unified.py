@@ -36,6 +36,14 @@ Which branch a tile takes is decided at run time (``q_len == 1``), the same
 for every thread of a block, so a mixed batch is still one launch per layer.
 In the simulator the group sums and block reductions go through shared memory
 (``simulated=True``) and there are no warp shuffles; tiny launches only.
+
+**Registers, and why the indices are unsigned.**  An index into shared memory
+is written ``uint64(...)`` (here and in ``grouped_phases``): with a signed one
+numba adds a negative-index wraparound to every address, LLVM hoists those
+thread-only addresses out of the partition loop, and they stayed in registers
+through the K and V loops until ptxas spilled them (48-56 bytes at sm_90, head
+128, before).  For the same reason a decode tile keeps its running max, sum and
+output in shared memory, not in registers across ``attend_range``.
 """
 
 from __future__ import annotations
@@ -112,12 +120,22 @@ def launch_bounds(num_threads: int, cc: tuple[int, int], num_queries_per_kv: int
 
     sm_90: 768 threads (37.5%, 80 registers a thread), 640 (31%) at head 256 with prefill tiles or a decode
     group of more than 512 accumulators (``num_queries_per_kv * head_size``); sm_80, whose code needs more
-    registers for the same body: 512 (25%), 384 (19%) at head 256 with prefill tiles.  ``static_report`` shows
-    no spill at these.
+    registers for the same body: 512 (25%), 384 (19%) at head 256 with prefill tiles, and 640 (31%) for MHA
+    decodes at head 256.  ``static_report`` shows no spill at these but that last one's 24 bytes.
+
+    Why sm_80 spills there: ptxas for sm_80 guards every warp shuffle inside a loop (the thread group's ``q.k``
+    sum) with a divergence check and an out-of-line call (``BRA.DIV``, ``__cuda_sm70_shflsync_bfly_p``), and
+    registers live across a call cost more; sm_90's code has neither.  MHA head-256 decodes on sm_80, by resident
+    threads (registers, spill bytes): 256 (193, 0), 384 (159, 0), 512 (128, 104), 640 (96, 24), 768 (80, 76).
+    No bound both spills nothing and keeps the 25% it had; 640 has the most occupancy and the fewest spill bytes
+    of the rest, stored once per 512-key partition, never inside the K or V loops (the same kernel with that sum
+    through shared memory, as in the simulator, spills nothing at 512: the shuffle's call is the cost).
     """
     if cc >= (9, 0):
         big = num_queries_per_kv * head_size > 512 if decodes_only else head_size > 128
         threads = 640 if big else 768
+    elif decodes_only and head_size > 128 and num_queries_per_kv == 1:
+        threads = 640
     else:
         threads = 384 if head_size > 128 and not decodes_only else 512
     return num_threads, max(1, threads // num_threads)
@@ -181,7 +199,7 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
         d_red = d_logits + phases.logits_total
         d_out = d_red + num_threads
         d_exchange = d_out + phases.out_red_len
-        d_stats = d_exchange + num_threads  # per head: a partition's max and sum, the running ones (registers spared)
+        d_stats = d_exchange + num_threads  # per head: a partition's max and sum, the running ones
         d_part = d_stats + 4 * group  # this partition's output and the merged one, a slot per (head, dim)
         d_acc = d_part + phases.q_len
         smem_len = max(smem_len, d_acc + phases.q_len)
@@ -381,49 +399,50 @@ def build_unified_kernel(head_size: int, block_size: int, num_threads: int, bloc
             out_red, exchange = smem[d_out:d_exchange], smem[d_exchange:d_exchange + num_threads]
             first_head = kv_head * group
             stage_group(q_s, query, token, first_head)
-            stats = smem[d_stats:d_acc + q_len_d]  # per head: max, sum (a partition's), running max, running sum
+            # per head: this partition's max and sum, the running ones; per (head, dim): this partition's output
+            # and the merged one.  All in shared memory, indexed unsigned: nothing held in registers across
+            # attend_range, whose K and V loops want every register (see the module docstring).
+            part_max, part_sum = smem[d_stats:d_stats + group], smem[d_stats + group:d_stats + 2 * group]
+            run_max, run_sum = smem[d_stats + 2 * group:d_stats + 3 * group], smem[d_stats + 3 * group:d_part]
+            part, merged = smem[d_part:d_acc], smem[d_acc:d_acc + q_len_d]
             tid = cuda.threadIdx.x
             for h in range(tid, group, num_threads):
-                stats[2 * group + h] = NEG_INF  # the running max and sum per head, shared (the same for everyone)
-                stats[3 * group + h] = float32(0.0)
-            acc = d_acc - d_stats  # stats[acc + j]: the merged output slot j, thread j % num_threads's
-            for j in range(tid, q_len_d, num_threads):
-                stats[acc + j] = float32(0.0)
+                run_max[uint64(h)] = NEG_INF  # the same for every thread
+                run_sum[uint64(h)] = float32(0.0)
+            for j in range(tid, q_len_d, num_threads):  # slot j is thread j % num_threads's, as in ``part``
+                merged[uint64(j)] = float32(0.0)
             start = seg_lo
             if window:
                 start = max(start, seq_len - window)
             while start < seg_hi:  # the barriers inside order the writes to the running max and sum below
                 end = min((start // partition_size + 1) * partition_size, seg_hi)
                 attend_range(q_s, key_words, value_words, block_table, kv_head, num_kv_heads, start, end, scale,
-                             logits, red, out_red, exchange, stats[0:group], stats[group:2 * group],
-                             smem[d_part:d_acc])
+                             logits, red, out_red, exchange, part_max, part_sum, part)
                 for j in range(tid, q_len_d, num_threads):  # rescale what came before, add this partition
-                    h = j // head_size
-                    m_old, m_part = stats[2 * group + h], stats[h]
-                    m_new = max(m_old, m_part)
-                    stats[acc + j] = stats[acc + j] * math.exp(m_old - m_new) \
-                        + smem[d_part + j] * math.exp(m_part - m_new)
+                    h = uint64(j // head_size)
+                    m_new = max(run_max[h], part_max[h])
+                    merged[uint64(j)] = merged[uint64(j)] * math.exp(run_max[h] - m_new) \
+                        + part[uint64(j)] * math.exp(part_max[h] - m_new)
                 cuda.syncthreads()  # everyone has read the running max
                 for h in range(tid, group, num_threads):
-                    m_old, m_part = stats[2 * group + h], stats[h]
-                    m_new = max(m_old, m_part)
-                    stats[3 * group + h] = stats[3 * group + h] * math.exp(m_old - m_new) \
-                        + stats[group + h] * math.exp(m_part - m_new)
-                    stats[2 * group + h] = m_new
+                    m_new = max(run_max[uint64(h)], part_max[uint64(h)])
+                    run_sum[uint64(h)] = run_sum[uint64(h)] * math.exp(run_max[uint64(h)] - m_new) \
+                        + part_sum[uint64(h)] * math.exp(part_max[uint64(h)] - m_new)
+                    run_max[uint64(h)] = m_new
                 start = end
             cuda.syncthreads()  # the last partition's running max and sum are in
             for j in range(tid, q_len_d, num_threads):
                 h, d = j // head_size, j % head_size
-                total = stats[3 * group + h]
-                value = stats[acc + j] / total if total > 0 else float32(0.0)
+                total = run_sum[uint64(h)]
+                value = merged[uint64(j)] / total if total > 0 else float32(0.0)
                 if split:
                     tmp_out[token, first_head + h, segment, d] = value
                 else:
                     out[token, first_head + h, d] = value
             if split:
                 for h in range(tid, group, num_threads):
-                    max_logits[token, first_head + h, segment] = stats[2 * group + h]
-                    exp_sums[token, first_head + h, segment] = stats[3 * group + h]
+                    max_logits[token, first_head + h, segment] = run_max[uint64(h)]
+                    exp_sums[token, first_head + h, segment] = run_sum[uint64(h)]
 
     def unified_attention(out, tmp_out, max_logits, exp_sums, query, key_words, value_words, cu_seqlens_q, seq_lens,
                           block_tables, scale, num_seqs, num_kv_heads, segment_len):

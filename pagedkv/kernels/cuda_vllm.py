@@ -156,6 +156,7 @@ def grouped_phases(head_size: int, block_size: int, num_threads: int, logits_len
     acc_len = v_words_per_lane * per_word  # a register array's length must be a constant
     acc_total = heads * acc_len  # every head's accumulators, in one register array
     q_len = heads * head_size
+    slots_per_thread = -(-q_len // num_threads)
     logits_stride = logits_len + block_size  # a range that starts inside a block spills into one more
     out_red_len = heads * num_warps * v_rows * head_size
     load_word = word_loader(element)
@@ -250,7 +251,7 @@ def grouped_phases(head_size: int, block_size: int, num_threads: int, logits_len
             if v_whole or w < words:
                 for e in range(per_word):
                     for h in range(heads):
-                        out_red[h * num_warps * v_rows * head_size + slot + w * per_word + e] = \
+                        out_red[uint64(h * num_warps * v_rows * head_size + slot + w * per_word + e)] = \
                             acc[h * acc_len + k * per_word + e]
         cuda.syncthreads()
 
@@ -272,19 +273,21 @@ def grouped_phases(head_size: int, block_size: int, num_threads: int, logits_len
             m = block_max(red, local_max[h])
             local_sum = float32(0.0)
             for j in range(tid, end - base, num_threads):
-                e = math.exp(logits[h * logits_stride + j] - m)  # subtract the max: exp never overflows
-                logits[h * logits_stride + j] = e
+                e = math.exp(logits[uint64(h * logits_stride + j)] - m)  # minus the max: exp never overflows
+                logits[uint64(h * logits_stride + j)] = e
                 local_sum += e
             maxes[h] = m  # every thread writes the same value (``maxes`` may be shared)
             sums[h] = block_sum(red, local_sum)  # its barrier also publishes every logit written above
         weighted_values(logits, value_words, block_table, kv_base, token_stride, block_stride, start, end,
                         out_red)
-        for j in range(tid, q_len, num_threads):  # add up every warp's every row, per head
-            h, d = j // head_size, j % head_size
-            total = float32(0.0)
-            for r in range(num_warps * v_rows):
-                total += out_red[(h * num_warps * v_rows + r) * head_size + d]
-            part[j] = total  # only this thread reads part[j] next: no barrier needed for it
+        for k in range(slots_per_thread):  # add up every warp's every row, per head: slots tid, tid + num_threads..
+            j = uint64(tid + k * num_threads)
+            if j < q_len:
+                h, d = j // head_size, j % head_size
+                total = float32(0.0)
+                for r in range(num_warps * v_rows):
+                    total += out_red[(h * num_warps * v_rows + r) * head_size + d]
+                part[j] = total  # only this thread reads part[j] next: no barrier needed for it
         cuda.syncthreads()  # out_red and logits are free for the next range
 
     return SimpleNamespace(stage_queries=stage_queries, attend_range=attend_range, q_len=q_len,
