@@ -5,8 +5,8 @@ named by what it holds, not where: ``block_names`` turns a conversation's tokens
 cache and the CPU tier key it by, and calls block ``i`` of conversation ``A`` "A2", so the same name in both maps
 is the same K/V. In the GPU pool a block is in use (solid), free but still cached (pale: a prefix hit revives it, the
 next allocation may evict it) or free and nameless (empty); in the CPU tier a chunk is stored (solid), being stored
-(hatched: not readable yet) or pinned by a load (outlined). Each cell carries its block or chunk id in its corner; a CPU chunk also carries
-``ev k``, its place in the tier's eviction order (``ev 0`` goes first).
+(hatched: not readable yet) or pinned by a load (outlined). Each cell carries its block or chunk id in its corner;
+a CPU chunk also carries ``ev k``, its place in the tier's eviction order (``ev 0`` goes first).
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
         ax.set_title(title, fontsize=10)
     handles = [Patch(facecolor=colors[o], edgecolor=EDGE, label=f"{o}: {o}'s K/V")
                for o in owners if o in seen]
-    keys = [("pale", dict(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE), "pale: GPU block free but cached (solid: in use)"),
+    keys = [("pale", dict(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE),
+             "pale: GPU block free but cached (solid: in use)"),
             ("new", dict(facecolor="#BBBBBB", edgecolor=EDGE), "new: GPU block in use, K/V being loaded/computed"),
             ("empty", dict(facecolor=FREE, edgecolor=EDGE), "white: empty (free, no K/V)"),
             ("hatched", dict(facecolor="white", edgecolor=EDGE, hatch="///"), "hatched: store not yet complete"),
