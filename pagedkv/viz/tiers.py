@@ -99,6 +99,7 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
         _, ax = plt.subplots(figsize=(0.62 * (2 * columns + 1) + 1, 0.62 * rows + 1.8))
     marked = set(highlight)
     seen = set()  # what the picture shows, for the key
+    pale = None
 
     def cell(x, y, label, fill, hatch=None, edge=EDGE, width=0.6, corner="", rank=None):
         ax.add_patch(Rectangle((x, y), 0.9, 0.9, facecolor=fill, edgecolor=edge, linewidth=width, hatch=hatch))
@@ -117,6 +118,7 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
             seen.add(_owner(name))
             if b.is_free:
                 seen.add("pale")
+                pale = pale or _lighter(owner)  # the key's swatch: a pale cell the picture shows
         else:
             fill = FREE if b.is_free and not b.block_hash else "#E0E0E0" if b.is_free else "#BBBBBB"
             seen.add("empty" if b.is_free and not b.block_hash else "new" if not b.is_free else "other")
@@ -152,7 +154,7 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
         ax.set_title(title, fontsize=10)
     handles = [Patch(facecolor=colors[o], edgecolor=EDGE, label=f"{o}: {o}'s K/V")
                for o in owners if o in seen]
-    keys = [("pale", dict(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE),
+    keys = [("pale", dict(facecolor=pale, edgecolor=EDGE),
              "pale: GPU block free but cached (solid: in use)"),
             ("new", dict(facecolor="#BBBBBB", edgecolor=EDGE), "new: GPU block in use, K/V being loaded/computed"),
             ("empty", dict(facecolor=FREE, edgecolor=EDGE), "white: empty (free, no K/V)"),
