@@ -84,12 +84,14 @@ _OWNER_COLORS = [PALETTE[i] for i in (0, 1, 2, 6, 4, 5, 3)] + PALETTE[7:]
 
 
 def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title: str | None = None,
-               highlight=(), columns: int = 8, highlight_label: str = "red: highlighted"):
+               highlight=(), columns: int = 8, highlight_label: str = "red: highlighted", loads=None):
     """Both tiers as grids, each cell labelled with the name of the K/V it holds and coloured by its owner
     (``A`` for "A2"), its block or chunk id in the top corner; a CPU chunk shows ``ev k`` under its name, its place
     in the eviction order. ``highlight``: labels to outline in red (block names, or ``"new"`` for a GPU block in use
-    that holds no named K/V yet), ``highlight_label`` the key's line for them. Returns the Axes; the key, which
-    names only what the picture shows, is drawn under it."""
+    that holds no named K/V yet), ``highlight_label`` the key's line for them. ``loads``: GPU block id -> the name
+    of the CPU chunk a load copies into it, drawn ``A1↓`` in that block. Returns the Axes; the key, which names only
+    what the picture shows, is drawn under it."""
+    loads = dict(loads or {})
     _check(gpu, cpu, names)
     owners = list(dict.fromkeys(_owner(n) for n in names.values()))
     colors = {o: _OWNER_COLORS[i % len(_OWNER_COLORS)] for i, o in enumerate(owners)}
@@ -103,10 +105,10 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
 
     def cell(x, y, label, fill, hatch=None, edge=EDGE, width=0.6, corner="", rank=None):
         ax.add_patch(Rectangle((x, y), 0.9, 0.9, facecolor=fill, edgecolor=edge, linewidth=width, hatch=hatch))
-        ax.text(x + 0.45, y + 0.5, label, ha="center", va="center", fontsize=8)
-        ax.text(x + 0.86, y + 0.05, corner, ha="right", va="top", fontsize=6.5, color="#333333")
+        ax.text(x + 0.45, y + 0.5, label, ha="center", va="center", fontsize=9)
+        ax.text(x + 0.86, y + 0.05, corner, ha="right", va="top", fontsize=7.5, color="#333333")
         if rank is not None:
-            ax.text(x + 0.45, y + 0.86, f"ev {rank}", ha="center", va="bottom", fontsize=6, color="#333333")
+            ax.text(x + 0.45, y + 0.86, f"ev {rank}", ha="center", va="bottom", fontsize=7, color="#333333")
 
     ax.text(0, -0.35, f"GPU pool ({len(gpu_blocks)} blocks)", fontsize=9, weight="bold")
     for b in gpu_blocks:
@@ -124,6 +126,9 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
             seen.add("empty" if b.is_free and not b.block_hash else "new" if not b.is_free else "other")
         label = name or ("" if b.is_free else "new")
         edge, width = (HIGHLIGHT, 2.0) if label and label in marked else (EDGE, 0.6)
+        if label == "new" and b.block_id in loads:
+            label = f"{loads[b.block_id]}↓"
+            seen.add("load")
         cell(x, y, label, fill, edge=edge, width=width, corner=str(b.block_id))
     x0 = columns + 1
     ax.text(x0, -0.35, f"CPU tier ({cpu.num_cpu_blocks} blocks)", fontsize=9, weight="bold")
@@ -156,8 +161,9 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
                for o in owners if o in seen]
     keys = [("pale", dict(facecolor=pale, edgecolor=EDGE),
              "pale: GPU block free but cached (solid: in use)"),
-            ("new", dict(facecolor="#BBBBBB", edgecolor=EDGE), "new: GPU block in use, K/V being loaded/computed"),
-            ("empty", dict(facecolor=FREE, edgecolor=EDGE), "white: empty (free, no K/V)"),
+            ("new", dict(facecolor="#BBBBBB", edgecolor=EDGE), "new: GPU block in use, not yet named"),
+            ("load", dict(facecolor="#BBBBBB", edgecolor=EDGE), "X↓: new, the load copies CPU chunk X into it"),
+            ("empty", dict(facecolor=FREE, edgecolor=EDGE), "white: free, no name"),
             ("hatched", dict(facecolor="white", edgecolor=EDGE, hatch="///"), "hatched: store not yet complete"),
             ("pinned", dict(facecolor="white", edgecolor="#000000", linewidth=2), "thick: pinned by a load")]
     handles += [Patch(label=label, **style) for key, style, label in keys if key in seen]
@@ -166,5 +172,5 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
                              label="ev k: the CPU tier evicts it k-th (ev 0 first); corner: block / chunk id"))
     if marked:
         handles.append(Patch(facecolor="white", edgecolor=HIGHLIGHT, linewidth=2, label=highlight_label))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=7, frameon=False)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=8, frameon=False)
     return ax
