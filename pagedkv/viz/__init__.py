@@ -13,5 +13,5 @@ from .visualizer import BlockTableVisualizer, counters
 
 __all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "Trace", "TracePlayer",
            "TraceRecorder", "add_block_map_key", "align_panels", "async_timeline_text", "block_names", "compact_png",
-           "counters", "draw_async_timeline", "draw_block_map", "draw_tiers", "draw_timeline", "load_trace", "record_engine",
-           "record_scheduler", "render_tiers", "seq_colors"]
+           "counters", "draw_async_timeline", "draw_block_map", "draw_tiers", "draw_timeline", "load_trace",
+           "record_engine", "record_scheduler", "render_tiers", "seq_colors"]
