@@ -123,7 +123,8 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
                 pale = pale or _lighter(owner)  # the key's swatch: a pale cell the picture shows
         else:
             fill = FREE if b.is_free and not b.block_hash else "#E0E0E0" if b.is_free else "#BBBBBB"
-            seen.add("empty" if b.is_free and not b.block_hash else "new" if not b.is_free else "other")
+            if b.is_free or b.block_id not in loads:  # a load target has its own key line
+                seen.add("empty" if b.is_free and not b.block_hash else "new" if not b.is_free else "other")
         label = name or ("" if b.is_free else "new")
         edge, width = (HIGHLIGHT, 2.0) if label and label in marked else (EDGE, 0.6)
         if label == "new" and b.block_id in loads:
@@ -162,7 +163,8 @@ def draw_tiers(gpu: ManagerState, cpu: OffloadState, names: dict, ax=None, title
     keys = [("pale", dict(facecolor=pale, edgecolor=EDGE),
              "pale: GPU block free but cached (solid: in use)"),
             ("new", dict(facecolor="#BBBBBB", edgecolor=EDGE), "new: GPU block in use, not yet named"),
-            ("load", dict(facecolor="#BBBBBB", edgecolor=EDGE), "X↓: new, the load copies CPU chunk X into it"),
+            ("load", dict(facecolor="#BBBBBB", edgecolor=EDGE),
+             "X↓: GPU block in use, the load copies CPU chunk X into it"),
             ("empty", dict(facecolor=FREE, edgecolor=EDGE), "white: free, no name"),
             ("hatched", dict(facecolor="white", edgecolor=EDGE, hatch="///"), "hatched: store not yet complete"),
             ("pinned", dict(facecolor="white", edgecolor="#000000", linewidth=2), "thick: pinned by a load")]
