@@ -345,5 +345,10 @@ def test_tier_maps_follow_a_conversation_by_name(model):
     assert [c.chunk_id for c in cpu.chunks if names.get(c.block_hash)] == [0, 1, 2]
     ax = draw_tiers(gpu, cpu, names, highlight=["A0"])
     assert any(t.get_text() == "A2" for t in ax.texts)
+    ax = draw_tiers(gpu, cpu, names, loads={5: "A1"})  # a free block is no load target: drawn as it is
+    assert not any(t.get_text().endswith("↓") for t in ax.texts)
+    from pagedkv.viz import compact_png
+
+    assert compact_png(ax.figure).data[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(PagedKVValueError, match="snapshot"):
         render_tiers(cpu, gpu, names)
