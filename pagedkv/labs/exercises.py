@@ -339,7 +339,7 @@ def _cached_after_free(partial_named: bool = False):
 
 
 # -------------------------------- vllm_today (v1's block pool)
-SYSTEM_PROMPT_V1 = list(range(100, 108))  # notebook 10's 8-token system prompt (section 8)
+SYSTEM_PROMPT_V1 = list(range(100, 108))  # notebook 10's 8-token system prompt (section 6)
 
 
 def _admit(kv, request_id, prompt):
@@ -354,17 +354,17 @@ def _admit(kv, request_id, prompt):
 
 
 def _scenario_08(until_step: int):
-    """Notebook 10's section 8 on a fresh v1 manager, through step ``until_step``; returns (manager, requests)."""
+    """Notebook 10's section 6 on a fresh v1 manager, through step ``until_step``; returns (manager, requests)."""
     from ..v1 import KVCacheManager
 
     kv, reqs = KVCacheManager(block_size=4, num_gpu_blocks=10), {}
-    steps = [lambda: reqs.update(A=_admit(kv, "A", SYSTEM_PROMPT_V1 + [1, 2])[0]),
-             lambda: reqs.update(B=_admit(kv, "B", SYSTEM_PROMPT_V1 + [3, 4, 5])[0]),
-             lambda: kv.free(reqs["A"]),
-             lambda: kv.free(reqs["B"]),
-             lambda: reqs.update(C=_admit(kv, "C", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
-             lambda: reqs.update(C2=_admit(kv, "C2", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
-             lambda: (kv.free(reqs["C"]), kv.free(reqs["C2"]),
+    steps = [lambda: reqs.update(P=_admit(kv, "P", SYSTEM_PROMPT_V1 + [1, 2])[0]),
+             lambda: reqs.update(Q=_admit(kv, "Q", SYSTEM_PROMPT_V1 + [3, 4, 5])[0]),
+             lambda: kv.free(reqs["P"]),
+             lambda: kv.free(reqs["Q"]),
+             lambda: reqs.update(S=_admit(kv, "S", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
+             lambda: reqs.update(S2=_admit(kv, "S2", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
+             lambda: (kv.free(reqs["S"]), kv.free(reqs["S2"]),
                       reqs.update(D=_admit(kv, "D", list(range(200, 232)))[0]))]
     for step in steps[:until_step]:
         step()
@@ -372,7 +372,7 @@ def _scenario_08(until_step: int):
 
 
 def _returning_prefix():
-    """After notebook 10's step 7, E (the system prompt and C's 5 tokens): tokens the cache finds, and whether
+    """After notebook 10's step 7, E (the system prompt and S's 5 tokens): tokens the cache finds, and whether
     it is admitted."""
     kv, _ = _scenario_08(7)
     request, num_cached = _admit(kv, "E", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
@@ -380,17 +380,17 @@ def _returning_prefix():
 
 
 def _fan_out_vs_fork():
-    """After notebook 10's step 5: blocks in use once C's 3 extra samples are admitted (v1), and blocks in use
-    when 4 forks of C's 13-token prompt share it after the prefill (v0)."""
+    """After notebook 10's step 5: blocks in use once S's 3 extra samples are admitted (v1), and blocks in use
+    when 4 forks of S's 13-token prompt share it after the prefill (v0)."""
     from ..manager import BlockSpaceManager
 
     kv, _ = _scenario_08(5)
     for i in range(3):
-        _admit(kv, f"C{i + 2}", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
+        _admit(kv, f"S{i + 2}", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
     v0 = BlockSpaceManager(4, 10, watermark=0.0)
-    v0.allocate("C", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
+    v0.allocate("S", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
     for i in range(3):
-        v0.fork("C", f"C{i + 2}")
+        v0.fork("S", f"S{i + 2}")
     return kv.num_gpu_blocks - kv.num_free_blocks, 10 - v0.num_free_gpu_blocks
 
 
@@ -919,7 +919,7 @@ EXERCISES: dict[str, Exercise] = {
                                                   "at num_tokens - 1 tokens, in whole blocks."),)),
     "v1-prefix-comeback": Exercise("(tokens from the cache, admitted)",
                       notebook="vllm_today", expected=_returning_prefix,
-                      hint="a hit needs every block before it cached too; which of C's full blocks did D's allocation "
+                      hint="a hit needs every block before it cached too; which of S's full blocks did D's allocation "
                            "evict? Then count the free blocks E would need beside its hits."),
     "fan-out-vs-fork": Exercise("(v1 blocks in use, v0 blocks in use)",
                       notebook="vllm_today", expected=_fan_out_vs_fork,
