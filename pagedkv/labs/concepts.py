@@ -49,7 +49,7 @@ CONCEPTS: dict[str, str] = {
     "n-fan-out": "vLLM today serves n > 1 as n child requests that share full blocks through the prefix cache",
     "sequence-group": "v0's request with several sequences (samples or beams) forked from one prompt",
     "parallel-sampling": "n samples of one prompt sharing its blocks",
-    "beam-search": "keeping the best beam_width continuations each step, forking and dropping beams",
+    "beam-search": "keeping the best beam_width continuations each step, ranked by log-probability per token",
     "sharing-savings": "the memory sharing saves, against the paper's Fig. 15 and §6.3",
     "block-map": "a picture of the pools, tables, ref counts, fill and free queue, drawn from snapshot()",
     "visualizer-widget": "a paged cache driven by hand, one action a click, each effect predicted first",
@@ -122,9 +122,11 @@ COURSE: tuple[Notebook, ...] = (
     Notebook(5, "copy_on_write_forks", "memory", "forked sequences share blocks until one writes into a shared one",
              "v0's fork and copy-on-write; today's fan-out of `n > 1` through the prefix cache"),
     Notebook(6, "beam_search_sharing", "memory", "samples and beams of one request share their prompt's blocks",
-             "v0's sequence groups, measured against the paper's numbers; today's beam search is a loop"),
+             "today's beam search, a loop of one-token requests sharing through the prefix cache; v0's sequence "
+             "groups fork and copy on write, measured against the paper's numbers"),
     Notebook(7, "block_table_visualizer", "memory", "every piece of paged memory on one picture, driven by hand",
-             "the widget drives v0's manager; notebook 10 predicts today's pool step by step"),
+             "the widget drives v0's manager: fork, beam step and swap, none in 0.33's engine, each with its "
+             "reason; notebook 10 draws today's pool step by step"),
     Notebook(8, "paged_attention_kernel", "compute", "attention reads each sequence's K/V through its block table",
              "the paper's decode kernel (v1/v2, last in 0.10.2); today's kernels in notebook 11"),
     Notebook(9, "scheduler", "serving", "continuous batching, and preemption when the blocks run out",
@@ -136,7 +138,8 @@ COURSE: tuple[Notebook, ...] = (
     Notebook(11, "unified_attention", "serving", "one kernel for the mixed batch of prefill chunks and decodes",
              "0.33's `unified_attention` and FlashAttention varlen; the paper's kernel is its `q_len = 1` case"),
     Notebook(12, "tiny_vllm", "serving", "an engine end to end: a real model served through the paged cache",
-             "the same chats on v0's scheduler and on today's; what 0.33 adds around the loop"),
+             "today's engine (v1) throughout, v0 once with its swap; what 0.33 adds, file by file, and where the "
+             "course teaches it"),
     Notebook(13, "hybrid_kv_cache", "serving", "sliding-window layers give their blocks back: KV cache groups",
              "0.33 only (v0 had no KV cache groups)"),
     Notebook(14, "speculative_decoding", "serving", "draft tokens verified in one step, and what a rejection undoes",

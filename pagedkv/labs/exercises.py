@@ -457,7 +457,7 @@ def _cached_prompt_tokens():
 
     model, tokenizer = _tiny()
     start = SYSTEM_PROMPT[:45]
-    engine = LLMEngine(model, num_gpu_blocks=48, block_size=8, enable_prefix_caching=True)
+    engine = LLMEngine(model, version="v1", num_gpu_blocks=48, block_size=8)  # prefix caching on by default
     engine.generate([tokenizer.encode(start + "A list ")], max_tokens=1)
     before = engine.stats.num_prefix_cached_tokens
     engine.generate([tokenizer.encode(start) + [ord("x")] * 20], max_tokens=1)
@@ -468,7 +468,7 @@ def _peak_blocks_alone():
     from ..engine import LLMEngine
 
     model, _ = _tiny()
-    engine = LLMEngine(model, num_gpu_blocks=48, block_size=16)
+    engine = LLMEngine(model, version="v1", num_gpu_blocks=48, block_size=16)
     engine.generate([[ord("a")] * 40], max_tokens=57)
     return engine.stats.peak_gpu_blocks
 

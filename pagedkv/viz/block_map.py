@@ -282,6 +282,17 @@ def key_below(fig, **key_options):
     return key
 
 
+def key_beside(fig, width: float = 0.36, **key_options):
+    """``add_block_map_key`` in one column at the figure's right, the axes laid out in the rest (``width``: the
+    share of the figure's width the key takes). For a single map with room beside it. Returns the key."""
+    add_block_map_key(fig, ncol=1, **key_options)
+    key = fig.legends[-1]
+    key.set_loc("center left")
+    key.set_bbox_to_anchor((1 - width, 0.5), transform=fig.transFigure)
+    fig.tight_layout(rect=(0, 0, 1 - width, 1))
+    return key
+
+
 def align_panels(axes) -> None:
     """Give every block-map panel the same extent, so cells have one size and the grids line up."""
     xs = [ax.get_xlim() for ax in axes]
