@@ -94,17 +94,33 @@ def _next_block_after_frees(to_front: bool = False):
     return allocator.allocate()
 
 
-def _table_after_a_free(tail_first: bool = True):
-    """A 6-block pool: X (8 tokens) and Y (12) allocated, X freed, Z (10 tokens) allocated: Z's table, and the
-    slot its last token's K/V is written to."""
-    from ..manager import BlockSpaceManager
+def _table_after_a_free(freed_to: str = "0.33"):
+    """vLLM today's pool, caching off: a 6-block pool, X (8 tokens) and Y (12) given slots, X freed, Z (10 tokens)
+    given slots: Z's table, and the slot its last token's K/V is written to. ``freed_to`` replays a slip:
+    ``"tail"`` (freed blocks at the tail, last block first) or ``"head, unreversed"`` (at the head in table order,
+    the table's first block first in line)."""
+    from ..v1 import KVCacheManager, Request
 
-    manager = BlockSpaceManager(4, 6, watermark=0.0)
-    manager.allocate("X", range(8))
-    manager.allocate("Y", range(12))
-    manager.free("X", tail_first=tail_first)
-    manager.allocate("Z", range(10))
-    return manager.get_block_table("Z"), manager.get_slot_mapping("Z")[-1]
+    kv = KVCacheManager(4, 6, enable_caching=False)
+    requests = {name: Request(name, list(range(n)), max_tokens=1) for name, n in (("X", 8), ("Y", 12), ("Z", 10))}
+    for name in "XY":
+        kv.allocate_slots(requests[name], requests[name].num_tokens)
+    if freed_to == "0.33":
+        kv.free(requests["X"])
+    else:
+        table = kv.get_block_ids("X")
+        kv.free(requests["X"])
+        blocks = [kv.allocator.blocks[block_id] for block_id in table]
+        for block in blocks:  # undo 0.33's placement, then put the blocks where the slip puts them
+            kv.allocator.free_queue.remove(block)
+        if freed_to == "tail":
+            for block in reversed(blocks):
+                kv.allocator.free_queue.append(block)
+        else:
+            kv.allocator.free_queue.prepend_n(blocks)
+    kv.allocate_slots(requests["Z"], 10)
+    table = kv.get_block_ids("Z")
+    return table, table[9 // 4] * 4 + 9 % 4
 
 
 def _longest_prompts(watermark: float = 0.05):
@@ -789,16 +805,19 @@ EXERCISES: dict[str, Exercise] = {
                            "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
                            "a later token of this request will land in it, never used if none will."),
     "next-block-after-frees": Exercise("next block", notebook="free_list_allocation", expected=_next_block_after_frees,
-                      mistakes=((lambda: _next_block_after_frees(to_front=True), "you reused the block freed last, "
-                                 "as a stack would; pagedkv's free() does not put a block where allocate() looks "
-                                 "first."),),
+                      mistakes=((lambda: _next_block_after_frees(to_front=True), "you reused the block freed last: "
+                                 "that is 0.33's rule for a block without a name; BlockAllocator.free() puts a block "
+                                 "at the tail, as 0.33 does with a named one."),),
                       hint="write the free queue out after every call: where does free() put a block, and where does "
                            "allocate() take one from?"),
     "table-after-a-free": Exercise("(Z's block table, the slot of Z's last token)",
                       notebook="free_list_allocation", expected=_table_after_a_free,
-                      mistakes=((lambda: _table_after_a_free(tail_first=False), "you gave X's blocks back first "
-                                 "block first; free() releases a table starting from its last block."),),
-                      hint="write the free queue out after every call: in which order does freeing a sequence give "
+                      mistakes=((lambda: _table_after_a_free(freed_to="tail"), "you put X's freed blocks at the "
+                                 "tail; with caching off no block has a name, so where does free_blocks put them?"),
+                                (lambda: _table_after_a_free(freed_to="head, unreversed"), "you put X's blocks at "
+                                 "the head in table order; free() hands free_blocks the table reversed, last block "
+                                 "first.")),
+                      hint="write the free queue out after every call: in which order does freeing a request give "
                            "its blocks back, and to which end? Then slot = block * block_size + offset."),
     "watermark-longest-prompts": Exercise("(longest prompt admitted now, longest ever admitted)",
                       notebook="free_list_allocation", expected=_longest_prompts,
