@@ -226,27 +226,64 @@ def _blocks_named_alike(chained: bool = True):
     return [i for i, name in enumerate(q_names) if name in set(chain(p_blocks))]
 
 
-def _blocks_of_a_returning_prefix(unnamed_blocks_first: bool = False):
-    """8 blocks of 4, caching on: a 9-token request runs and is freed; a 5-token one sharing its first 4 tokens."""
+def _admit_prompt(kv, request) -> int:
+    """The scheduler's admission of a waiting request on vLLM today's manager: the prefix hit, then slots for the
+    rest of the prompt (vLLM 0.33: ``Scheduler.schedule`` calling ``get_computed_blocks``, then
+    ``allocate_slots``). Returns the tokens the hit served."""
+    computed, num_computed = kv.get_computed_blocks(request)
+    kv.allocate_slots(request, request.num_tokens - num_computed, num_computed, computed)
+    request.num_computed_tokens = request.num_tokens
+    return num_computed
+
+
+def _blocks_of_a_returning_prefix(slip: str | None = None):
+    """vLLM today's pool, 8 blocks of 4, caching on: R = [0..8] runs and is freed; S = [0..7] (R's two full
+    blocks) is admitted: S's table. ``slip``: ``"no cap"`` (every full block hits; pagedkv's v0-shaped manager
+    with 0.33's free order) or ``"unnamed to the tail"`` (R's partial block freed to the tail)."""
     from ..manager import BlockSpaceManager
+    from ..v1 import KVCacheManager, Request
 
-    manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True,
-                                unnamed_blocks_first=unnamed_blocks_first)
-    manager.allocate("r", range(9))
-    manager.free("r")
-    return manager.allocate("s", [0, 1, 2, 3, 100])
+    if slip == "no cap":
+        manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True, unnamed_blocks_first=True)
+        manager.allocate("R", range(9))
+        manager.free("R")
+        return manager.allocate("S", range(8))
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=8)
+    first = Request("R", list(range(9)), max_tokens=1)
+    _admit_prompt(kv, first)
+    last_block = kv.get_block_ids("R")[-1]
+    kv.free(first)
+    if slip == "unnamed to the tail":
+        block = kv.allocator.blocks[last_block]
+        kv.allocator.free_queue.remove(block)
+        kv.allocator.free_queue.append(block)
+    _admit_prompt(kv, Request("S", list(range(8)), max_tokens=1))
+    return kv.get_block_ids("S")
 
 
-def _lru_survivors(tail_first: bool = True):
-    from ..manager import BlockSpaceManager
+def _lru_survivors(tail_first: bool = True, others: bool = True):
+    """vLLM today's pool, 4 blocks of 4, caching on: A = [1..9] runs and is freed, B (8 new tokens) and C (4) are
+    admitted and keep running: the tokens of A the prefix cache would serve now (``get_computed_blocks``)."""
+    from ..v1 import KVCacheManager, Request
 
-    manager = BlockSpaceManager(4, 4, watermark=0.0, enable_prefix_caching=True)
-    prompt_a = list(range(1, 9))
-    manager.allocate("A", prompt_a)
-    manager.free("A", tail_first=tail_first)
-    manager.allocate("B", range(20, 28))
-    manager.allocate("C", range(40, 44))
-    return manager.count_cached_tokens(prompt_a)
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=4)
+    prompt_a = list(range(1, 10))
+    request_a = Request("A", prompt_a, max_tokens=1)
+    _admit_prompt(kv, request_a)
+    if tail_first:
+        kv.free(request_a)
+    else:  # the slip: the table given back in its own order, first block first
+        table = kv.get_block_ids("A")
+        kv.free(request_a)
+        named = [kv.allocator.blocks[b] for b in table if kv.block_pool.block_hash(b) is not None]
+        for block in named:
+            kv.allocator.free_queue.remove(block)
+        for block in named:
+            kv.allocator.free_queue.append(block)
+    if others:
+        _admit_prompt(kv, Request("B", list(range(20, 28)), max_tokens=1))
+        _admit_prompt(kv, Request("C", list(range(40, 44)), max_tokens=1))
+    return kv.get_computed_blocks(Request("A again", prompt_a, max_tokens=1))[1]
 
 
 # ------------------------------------------------ memory_waste
@@ -833,17 +870,21 @@ EXERCISES: dict[str, Exercise] = {
                            "the same tokens get the same name only if everything before them is the same too."),
     "returning-prefix-table": Exercise("the new request's blocks",
                       notebook="prefix_caching", expected=_blocks_of_a_returning_prefix,
-                      mistakes=((lambda: _blocks_of_a_returning_prefix(unnamed_blocks_first=True), "you put the "
-                                 "freed block without a name at the queue's head, vLLM 0.33's rule; pagedkv's "
-                                 "manager here puts every freed block at the tail."),),
-                      hint="a full block keeps its name when freed; the rest of a new table comes from the free "
-                           "queue's head, and the queue got the freed blocks last block first."),
+                      mistakes=((lambda: _blocks_of_a_returning_prefix("no cap"), "you let both of S's blocks hit; "
+                                 "S is exactly two full blocks, and get_computed_blocks caps a hit at "
+                                 "num_tokens - 1 tokens, in whole blocks."),
+                                (lambda: _blocks_of_a_returning_prefix("unnamed to the tail"), "you put R's freed "
+                                 "partial block at the tail; a block without a name goes to the free queue's head.")),
+                      hint="which of R's blocks keep a name when freed, and which end of the free queue does each "
+                           "go to? Then: how many of S's tokens may a hit serve at most?"),
     "lru-survivors": Exercise("tokens of A still cached", notebook="prefix_caching", expected=_lru_survivors,
                       mistakes=((lambda: _lru_survivors(tail_first=False), "you freed A's blocks first block first; "
-                                 "free() releases a table from its last block, so which of A's blocks waits "
-                                 "longest in the queue?"),),
-                      hint="new allocations take the free queue's head; A's blocks joined the tail last block "
-                           "first, and a cached prefix counts only up to its first missing block."),
+                                 "free() gives a table back from its last block, so which of A's blocks waits "
+                                 "longest in the queue?"),
+                                (lambda: _lru_survivors(others=False), "you kept all of A's named blocks; B and C "
+                                 "took fresh blocks from the head of the free queue: which blocks were there?")),
+                      hint="new blocks come from the free queue's head; A's partial block went to the head, its named "
+                           "blocks to the tail last block first; a hit counts only up to its first missing block."),
     "child-append-copies": Exercise("copies", notebook="copy_on_write_forks", expected=_child_append_copies,
                       hint="only a shared block that is partly filled is copied before a write; where do the "
                            "tokens go after the copy is full?"),
