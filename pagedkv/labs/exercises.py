@@ -83,15 +83,35 @@ def _mla_bytes_and_ratio(rope_values: int = 64, value_bytes: int = 2):
 
 
 # ---------------------------------------- free_list_allocation
-def _next_block_after_frees(to_front: bool = False):
-    from ..blocks import BlockAllocator
+def _next_block_after_frees(one_by_one_in_one_call: bool = False, to_tail: bool = False):
+    """vLLM today's pool, caching off: a fresh 5-block pool hands out 4 blocks (0 to 3). Blocks 2 and 0 are freed
+    in two calls (``free_blocks([2])``, then ``free_blocks([0])``), or in one call (``free_blocks([2, 0])``) on a
+    second, identical pool: the block ``get_new_blocks(1)`` returns next, in each case. The flags replay slips:
+    treating one call as freeing its blocks one after another, or putting freed blocks at the tail."""
+    from ..v1.block_pool import BlockPool
 
-    allocator = BlockAllocator(5, 16)
-    for _ in range(4):
-        allocator.allocate()
-    allocator.free(2, to_front=to_front)
-    allocator.free(0, to_front=to_front)
-    return allocator.allocate()
+    def fresh():
+        pool = BlockPool(num_gpu_blocks=5, block_size=16, enable_caching=False)
+        pool.get_new_blocks(4)
+        return pool
+
+    def free(pool, block_ids):
+        if to_tail:
+            for block_id in block_ids:
+                pool.allocator.free(block_id)
+        else:
+            pool.free_blocks(block_ids)
+
+    two_calls = fresh()
+    free(two_calls, [2])
+    free(two_calls, [0])
+    one_call = fresh()
+    if one_by_one_in_one_call:
+        free(one_call, [2])
+        free(one_call, [0])
+    else:
+        free(one_call, [2, 0])
+    return two_calls.get_new_blocks(1)[0], one_call.get_new_blocks(1)[0]
 
 
 def _table_after_a_free(freed_to: str = "0.33"):
@@ -841,16 +861,20 @@ EXERCISES: dict[str, Exercise] = {
                       hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
                            "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
                            "a later token of this request will land in it, never used if none will."),
-    "next-block-after-frees": Exercise("next block", notebook="free_list_allocation", expected=_next_block_after_frees,
-                      mistakes=((lambda: _next_block_after_frees(to_front=True), "you reused the block freed last: "
-                                 "that is 0.33's rule for a block without a name; BlockAllocator.free() puts a block "
-                                 "at the tail, as 0.33 does with a named one."),),
-                      hint="write the free queue out after every call: where does free() put a block, and where does "
-                           "allocate() take one from?"),
+    "next-block-after-frees": Exercise("(next block after two calls, after one call)",
+                      notebook="free_list_allocation", expected=_next_block_after_frees,
+                      mistakes=((lambda: _next_block_after_frees(one_by_one_in_one_call=True), "in one call, "
+                                 "free_blocks does not put the blocks back one after another: its list goes to the "
+                                 "head as a whole, in the order given (its docstring: the first block will be "
+                                 "evicted first)."),
+                                (lambda: _next_block_after_frees(to_tail=True), "you put the freed blocks at the "
+                                 "tail; with caching off, which end does free_blocks put them at?")),
+                      hint="write the free queue out after every call, both times: which end does a freed block "
+                           "join, and in one call, which of the blocks handed over ends up first?"),
     "table-after-a-free": Exercise("(Z's block table, the slot of Z's last token)",
                       notebook="free_list_allocation", expected=_table_after_a_free,
                       mistakes=((lambda: _table_after_a_free(freed_to="tail"), "you put X's freed blocks at the "
-                                 "tail; with caching off no block has a name, so where does free_blocks put them?"),
+                                 "tail; with caching off, which end of the queue does free_blocks put them at?"),
                                 (lambda: _table_after_a_free(freed_to="head, unreversed"), "you put X's blocks at "
                                  "the head in table order; free() hands free_blocks the table reversed, last block "
                                  "first.")),
