@@ -165,12 +165,13 @@ class BlockAllocator:
         ref_count = self._block(block_id).ref_count
         if ref_count == 0:
             raise DoubleFreeError(
-                f"block {block_id} is already free (ref count 0): each allocate() or incref() "
-                "is matched by exactly one free()."
+                f"block {block_id} is already free (ref count 0): each get_new_blocks() or touch() "
+                "(allocate() or incref() on the allocator) is matched by exactly one free_blocks() (free())."
             )
         if ref_count < count:
             raise DoubleFreeError(f"block {block_id} has {ref_count} users but is freed {count} times: each "
-                                  "allocate() or incref() is matched by exactly one free().")
+                                  "get_new_blocks() or touch() (allocate() or incref() on the allocator) is matched "
+                                  "by exactly one free_blocks() (free()).")
 
     def refcount(self, block_id: int) -> int:
         return self._block(block_id).ref_count

@@ -83,28 +83,64 @@ def _mla_bytes_and_ratio(rope_values: int = 64, value_bytes: int = 2):
 
 
 # ---------------------------------------- free_list_allocation
-def _next_block_after_frees(to_front: bool = False):
-    from ..blocks import BlockAllocator
+def _next_block_after_frees(one_by_one_in_one_call: bool = False, to_tail: bool = False):
+    """vLLM today's pool, caching off: a fresh 5-block pool hands out 4 blocks (0 to 3). Blocks 2 and 0 are freed
+    in two calls (``free_blocks([2])``, then ``free_blocks([0])``), or in one call (``free_blocks([2, 0])``) on a
+    second, identical pool: the block ``get_new_blocks(1)`` returns next, in each case. The flags replay slips:
+    treating one call as freeing its blocks one after another, or putting freed blocks at the tail."""
+    from ..v1.block_pool import BlockPool
 
-    allocator = BlockAllocator(5, 16)
-    for _ in range(4):
-        allocator.allocate()
-    allocator.free(2, to_front=to_front)
-    allocator.free(0, to_front=to_front)
-    return allocator.allocate()
+    def fresh():
+        pool = BlockPool(num_gpu_blocks=5, block_size=16, enable_caching=False)
+        pool.get_new_blocks(4)
+        return pool
+
+    def free(pool, block_ids):
+        if to_tail:
+            for block_id in block_ids:
+                pool.allocator.free(block_id)
+        else:
+            pool.free_blocks(block_ids)
+
+    two_calls = fresh()
+    free(two_calls, [2])
+    free(two_calls, [0])
+    one_call = fresh()
+    if one_by_one_in_one_call:
+        free(one_call, [2])
+        free(one_call, [0])
+    else:
+        free(one_call, [2, 0])
+    return two_calls.get_new_blocks(1)[0], one_call.get_new_blocks(1)[0]
 
 
-def _table_after_a_free(tail_first: bool = True):
-    """A 6-block pool: X (8 tokens) and Y (12) allocated, X freed, Z (10 tokens) allocated: Z's table, and the
-    slot its last token's K/V is written to."""
-    from ..manager import BlockSpaceManager
+def _table_after_a_free(freed_to: str = "0.33"):
+    """vLLM today's pool, caching off: a 6-block pool, X (8 tokens) and Y (12) given slots, X freed, Z (10 tokens)
+    given slots: Z's table, and the slot its last token's K/V is written to. ``freed_to`` replays a slip:
+    ``"tail"`` (freed blocks at the tail, last block first) or ``"head, unreversed"`` (at the head in table order,
+    the table's first block first in line)."""
+    from ..v1 import KVCacheManager, Request
 
-    manager = BlockSpaceManager(4, 6, watermark=0.0)
-    manager.allocate("X", range(8))
-    manager.allocate("Y", range(12))
-    manager.free("X", tail_first=tail_first)
-    manager.allocate("Z", range(10))
-    return manager.get_block_table("Z"), manager.get_slot_mapping("Z")[-1]
+    kv = KVCacheManager(4, 6, enable_caching=False)
+    requests = {name: Request(name, list(range(n)), max_tokens=1) for name, n in (("X", 8), ("Y", 12), ("Z", 10))}
+    for name in "XY":
+        kv.allocate_slots(requests[name], requests[name].num_tokens)
+    if freed_to == "0.33":
+        kv.free(requests["X"])
+    else:
+        table = kv.get_block_ids("X")
+        kv.free(requests["X"])
+        blocks = [kv.allocator.blocks[block_id] for block_id in table]
+        for block in blocks:  # undo 0.33's placement, then put the blocks where the slip puts them
+            kv.allocator.free_queue.remove(block)
+        if freed_to == "tail":
+            for block in reversed(blocks):
+                kv.allocator.free_queue.append(block)
+        else:
+            kv.allocator.free_queue.prepend_n(blocks)
+    kv.allocate_slots(requests["Z"], 10)
+    table = kv.get_block_ids("Z")
+    return table, table[9 // 4] * 4 + 9 % 4
 
 
 def _longest_prompts(watermark: float = 0.05):
@@ -210,27 +246,64 @@ def _blocks_named_alike(chained: bool = True):
     return [i for i, name in enumerate(q_names) if name in set(chain(p_blocks))]
 
 
-def _blocks_of_a_returning_prefix(unnamed_blocks_first: bool = False):
-    """8 blocks of 4, caching on: a 9-token request runs and is freed; a 5-token one sharing its first 4 tokens."""
+def _admit_prompt(kv, request) -> int:
+    """The scheduler's admission of a waiting request on vLLM today's manager: the prefix hit, then slots for the
+    rest of the prompt (vLLM 0.33: ``Scheduler.schedule`` calling ``get_computed_blocks``, then
+    ``allocate_slots``). Returns the tokens the hit served."""
+    computed, num_computed = kv.get_computed_blocks(request)
+    kv.allocate_slots(request, request.num_tokens - num_computed, num_computed, computed)
+    request.num_computed_tokens = request.num_tokens
+    return num_computed
+
+
+def _blocks_of_a_returning_prefix(slip: str | None = None):
+    """vLLM today's pool, 8 blocks of 4, caching on: R = [0..8] runs and is freed; S = [0..7] (R's two full
+    blocks) is admitted: S's table. ``slip``: ``"no cap"`` (every full block hits; pagedkv's v0-shaped manager
+    with 0.33's free order) or ``"unnamed to the tail"`` (R's partial block freed to the tail)."""
     from ..manager import BlockSpaceManager
+    from ..v1 import KVCacheManager, Request
 
-    manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True,
-                                unnamed_blocks_first=unnamed_blocks_first)
-    manager.allocate("r", range(9))
-    manager.free("r")
-    return manager.allocate("s", [0, 1, 2, 3, 100])
+    if slip == "no cap":
+        manager = BlockSpaceManager(4, 8, watermark=0.0, enable_prefix_caching=True, unnamed_blocks_first=True)
+        manager.allocate("R", range(9))
+        manager.free("R")
+        return manager.allocate("S", range(8))
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=8)
+    first = Request("R", list(range(9)), max_tokens=1)
+    _admit_prompt(kv, first)
+    last_block = kv.get_block_ids("R")[-1]
+    kv.free(first)
+    if slip == "unnamed to the tail":
+        block = kv.allocator.blocks[last_block]
+        kv.allocator.free_queue.remove(block)
+        kv.allocator.free_queue.append(block)
+    _admit_prompt(kv, Request("S", list(range(8)), max_tokens=1))
+    return kv.get_block_ids("S")
 
 
-def _lru_survivors(tail_first: bool = True):
-    from ..manager import BlockSpaceManager
+def _lru_survivors(tail_first: bool = True, others: bool = True):
+    """vLLM today's pool, 4 blocks of 4, caching on: A = [1..9] runs and is freed, B (8 new tokens) and C (4) are
+    admitted and keep running: the tokens of A the prefix cache would serve now (``get_computed_blocks``)."""
+    from ..v1 import KVCacheManager, Request
 
-    manager = BlockSpaceManager(4, 4, watermark=0.0, enable_prefix_caching=True)
-    prompt_a = list(range(1, 9))
-    manager.allocate("A", prompt_a)
-    manager.free("A", tail_first=tail_first)
-    manager.allocate("B", range(20, 28))
-    manager.allocate("C", range(40, 44))
-    return manager.count_cached_tokens(prompt_a)
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=4)
+    prompt_a = list(range(1, 10))
+    request_a = Request("A", prompt_a, max_tokens=1)
+    _admit_prompt(kv, request_a)
+    if tail_first:
+        kv.free(request_a)
+    else:  # the slip: the table given back in its own order, first block first
+        table = kv.get_block_ids("A")
+        kv.free(request_a)
+        named = [kv.allocator.blocks[b] for b in table if kv.block_pool.block_hash(b) is not None]
+        for block in named:
+            kv.allocator.free_queue.remove(block)
+        for block in named:
+            kv.allocator.free_queue.append(block)
+    if others:
+        _admit_prompt(kv, Request("B", list(range(20, 28)), max_tokens=1))
+        _admit_prompt(kv, Request("C", list(range(40, 44)), max_tokens=1))
+    return kv.get_computed_blocks(Request("A again", prompt_a, max_tokens=1))[1]
 
 
 # ------------------------------------------------ memory_waste
@@ -802,17 +875,24 @@ EXERCISES: dict[str, Exercise] = {
                       hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
                            "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
                            "a later token of this request will land in it, never used if none will."),
-    "next-block-after-frees": Exercise("next block", notebook="free_list_allocation", expected=_next_block_after_frees,
-                      mistakes=((lambda: _next_block_after_frees(to_front=True), "you reused the block freed last, "
-                                 "as a stack would; pagedkv's free() does not put a block where allocate() looks "
-                                 "first."),),
-                      hint="write the free queue out after every call: where does free() put a block, and where does "
-                           "allocate() take one from?"),
+    "next-block-after-frees": Exercise("(next block after two calls, after one call)",
+                      notebook="free_list_allocation", expected=_next_block_after_frees,
+                      mistakes=((lambda: _next_block_after_frees(one_by_one_in_one_call=True), "in one call, "
+                                 "free_blocks does not put the blocks back one after another: its list goes to the "
+                                 "head as a whole, in the order given (its docstring: the first block will be "
+                                 "evicted first)."),
+                                (lambda: _next_block_after_frees(to_tail=True), "you put the freed blocks at the "
+                                 "tail; with caching off, which end does free_blocks put them at?")),
+                      hint="write the free queue out after every call, both times: which end does a freed block "
+                           "join, and in one call, which of the blocks handed over ends up first?"),
     "table-after-a-free": Exercise("(Z's block table, the slot of Z's last token)",
                       notebook="free_list_allocation", expected=_table_after_a_free,
-                      mistakes=((lambda: _table_after_a_free(tail_first=False), "you gave X's blocks back first "
-                                 "block first; free() releases a table starting from its last block."),),
-                      hint="write the free queue out after every call: in which order does freeing a sequence give "
+                      mistakes=((lambda: _table_after_a_free(freed_to="tail"), "you put X's freed blocks at the "
+                                 "tail; with caching off, which end of the queue does free_blocks put them at?"),
+                                (lambda: _table_after_a_free(freed_to="head, unreversed"), "you put X's blocks at "
+                                 "the head in table order; free() hands free_blocks the table reversed, last block "
+                                 "first.")),
+                      hint="write the free queue out after every call: in which order does freeing a request give "
                            "its blocks back, and to which end? Then slot = block * block_size + offset."),
     "watermark-longest-prompts": Exercise("(longest prompt admitted now, longest ever admitted)",
                       notebook="free_list_allocation", expected=_longest_prompts,
@@ -828,17 +908,21 @@ EXERCISES: dict[str, Exercise] = {
                            "the same tokens get the same name only if everything before them is the same too."),
     "returning-prefix-table": Exercise("the new request's blocks",
                       notebook="prefix_caching", expected=_blocks_of_a_returning_prefix,
-                      mistakes=((lambda: _blocks_of_a_returning_prefix(unnamed_blocks_first=True), "you put the "
-                                 "freed block without a name at the queue's head, vLLM 0.33's rule; pagedkv's "
-                                 "manager here puts every freed block at the tail."),),
-                      hint="a full block keeps its name when freed; the rest of a new table comes from the free "
-                           "queue's head, and the queue got the freed blocks last block first."),
+                      mistakes=((lambda: _blocks_of_a_returning_prefix("no cap"), "you let both of S's blocks hit; "
+                                 "S is exactly two full blocks, and get_computed_blocks caps a hit at "
+                                 "num_tokens - 1 tokens, in whole blocks."),
+                                (lambda: _blocks_of_a_returning_prefix("unnamed to the tail"), "you put R's freed "
+                                 "partial block at the tail; a block without a name goes to the free queue's head.")),
+                      hint="which of R's blocks keep a name when freed, and which end of the free queue does each "
+                           "go to? Then: how many of S's tokens may a hit serve at most?"),
     "lru-survivors": Exercise("tokens of A still cached", notebook="prefix_caching", expected=_lru_survivors,
                       mistakes=((lambda: _lru_survivors(tail_first=False), "you freed A's blocks first block first; "
-                                 "free() releases a table from its last block, so which of A's blocks waits "
-                                 "longest in the queue?"),),
-                      hint="new allocations take the free queue's head; A's blocks joined the tail last block "
-                           "first, and a cached prefix counts only up to its first missing block."),
+                                 "free() gives a table back from its last block, so which of A's blocks waits "
+                                 "longest in the queue?"),
+                                (lambda: _lru_survivors(others=False), "you kept all of A's named blocks; B and C "
+                                 "took fresh blocks from the head of the free queue: which blocks were there?")),
+                      hint="new blocks come from the free queue's head; A's partial block went to the head, its named "
+                           "blocks to the tail last block first; a hit counts only up to its first missing block."),
     "child-append-copies": Exercise("copies", notebook="copy_on_write_forks", expected=_child_append_copies,
                       hint="only a shared block that is partly filled is copied before a write; where do the "
                            "tokens go after the copy is full?"),

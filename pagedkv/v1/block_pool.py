@@ -13,6 +13,7 @@ it only when a sliding group exists, so a full-attention-only manager keeps ever
 from __future__ import annotations
 
 from ..blocks import BlockAllocator
+from ..errors import NoFreeBlocksError
 from ..prefix import PrefixCache, PrefixCacheStats
 
 
@@ -39,7 +40,11 @@ class BlockPool:
         return self.allocator.num_free_blocks
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
-        """Blocks from the head of the free queue; a cached block handed out loses its name."""
+        """Blocks from the head of the free queue; a cached block handed out loses its name. Too few free blocks:
+        an error, and nothing taken (vLLM 0.33 raises ``ValueError``; ``NoFreeBlocksError`` is one)."""
+        if num_blocks > self.num_free_blocks:
+            raise NoFreeBlocksError(f"cannot get {num_blocks} free blocks from the pool: {self.num_free_blocks} are "
+                                    "free; ask allocate_slots, which returns None instead, or free a request first.")
         new = []
         for _ in range(num_blocks):
             block_id = self.allocator.allocate()
