@@ -650,8 +650,8 @@ def _async_tokens_computed():
 
 def _stale_token_delivered():
     """Async scheduling, 5 blocks of 2: A and B (3-token prompts, max_tokens=6) prefill in step 0; step 1 is
-    scheduled before step 0's output; scheduling step 2 preempts B with step 1 in flight. When step 1's output
-    arrives: (B's output tokens, B's num_computed_tokens)."""
+    scheduled before step 0's output; scheduling step 2 preempts one of them with step 1 in flight. When step 1's
+    output arrives: (the preempted request, its output tokens, its num_computed_tokens)."""
     from collections import deque
 
     from ..v1 import AsyncScheduler, KVCacheManager
@@ -665,10 +665,10 @@ def _stale_token_delivered():
         queue.appendleft((out, {r: 7 for r in s.sampling_request_ids(out)}))
         if step == 1:
             s.update_from_output(*queue.pop())  # step 0's output
-    assert s.requests["B"].num_stale_output_tokens == 1  # preempted in step 2's schedule, step 1 in flight
+    victim = next(r for r in ("A", "B") if s.requests[r].num_stale_output_tokens == 1)  # step 1 in flight
     s.update_from_output(*queue.pop())  # step 1's output
-    b = s.requests["B"]
-    return len(b.output_token_ids), b.num_computed_tokens
+    request = s.requests[victim]
+    return victim, len(request.output_token_ids), request.num_computed_tokens
 
 
 # --------------------------------------- kv_offloading
@@ -967,20 +967,21 @@ EXERCISES: dict[str, Exercise] = {
                   (lambda: (1, 3), "how many slots does the lookahead add, and how many blocks do they span here?"))),
     "async-tokens-computed": Exercise("(tokens computed for A, tokens computed for B)", notebook="async_scheduling",
                       expected=_async_tokens_computed,
-                      hint="a step runs on the tokens it was scheduled with; which of the two requests' last token "
-                           "does the scheduler know it is the last before its step's output comes back?",
-                      mistakes=((lambda: (32, 32), "A's EOS is known only when its step's output comes back, and by "
-                                 "then the next step (the EOS's own K/V) was scheduled and runs."),
-                                (lambda: (33, 33), "B's last token is known in advance (max_tokens): vLLM 0.33 "
-                                 "schedules no step after the one that samples it."))),
-    "stale-token-delivered": Exercise("(B's output tokens, B's num_computed_tokens)", notebook="async_scheduling",
-                      expected=_stale_token_delivered,
-                      hint="which counters does _preempt_request reset, and what may a stale output still change?",
-                      mistakes=((lambda: (1, 0), "a stale output is delivered: the step read B's blocks before anyone "
-                                 "could reuse them, so its token is real and is appended to B's output."),
-                                (lambda: (2, 5), "the preemption reset num_computed_tokens to 0, and a stale output "
-                                 "changes neither num_computed_tokens nor num_output_placeholders: B recomputes "
-                                 "everything when it comes back."))),
+                      hint="count the steps scheduled for each request, prefill included, and the tokens each of "
+                           "them runs on; a step already scheduled runs even if its request has finished.",
+                      mistakes=((lambda: (32, 32), "you gave A and B the same count. Does the scheduler learn that A "
+                                 "stops the way it learns that B stops, and at the same moment?"),
+                                (lambda: (33, 33), "you gave A and B the same count. Does the scheduler learn that A "
+                                 "stops the way it learns that B stops, and at the same moment?"))),
+    "stale-token-delivered": Exercise("(the preempted request, its output tokens, its num_computed_tokens)",
+                      notebook="async_scheduling", expected=_stale_token_delivered,
+                      hint="in step 2's schedule, who asks for a block first, and whom does the v1 scheduler preempt "
+                           "when none is free? Then walk the victim through its preemption (which counters does "
+                           "_preempt_request reset?) and step 1's output (what may a stale output change?).",
+                      mistakes=tuple((lambda wrong=wrong: wrong, "walk the victim through the two events in order: "
+                                      "its preemption (which counters does _preempt_request reset?), then step 1's "
+                                      "output arriving (is a stale token kept, and which counters may it change?).")
+                                     for wrong in (("B", 1, 0), ("B", 2, 5), ("A", 1, 0), ("A", 2, 5)))),
     "offload-two-tier-hit": Exercise(
         "(prompt tokens from the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens computed)",
         notebook="kv_offloading", expected=_two_tier_hit,
