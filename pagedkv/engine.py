@@ -219,8 +219,8 @@ class LLMEngine:
         ``simulated_host_ms`` (v1, a teaching knob, not vLLM's): the main thread sleeps this many milliseconds in
         every ``schedule`` and every ``update_from_output`` span, as if preparing a batch's inputs and processing its
         outputs took that long. Next to a GPU's forward of a few milliseconds, that host work is a real share of a
-        step; next to the tiny model's forward on a CPU, pagedkv's own is about 1%. The sleep holds no lock, as a
-        GPU runs its kernels without the CPU, so the async loop can hide it; the outputs never change."""
+        step; next to the tiny model's forward on a CPU, pagedkv's own is a few percent at most. The sleep holds no
+        lock, as a GPU runs its kernels without the CPU, so the async loop can hide it; the outputs never change."""
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
