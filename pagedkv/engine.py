@@ -196,7 +196,8 @@ class LLMEngine:
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
                  prefix_cache_retention_interval: int | None = 0, speculative_config: dict | None = None,
                  async_scheduling: bool = False, kv_offloading_size: float | None = None,
-                 kv_offloading_blocks: int | None = None, simulated_host_ms: float = 0.0):
+                 kv_offloading_blocks: int | None = None, simulated_host_ms: float = 0.0,
+                 simulated_forward_ms: float = 0.0):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
@@ -220,7 +221,12 @@ class LLMEngine:
         every ``schedule`` and every ``update_from_output`` span, as if preparing a batch's inputs and processing its
         outputs took that long. Next to a GPU's forward of a few milliseconds, that host work is a real share of a
         step; next to the tiny model's forward on a CPU, pagedkv's own is a few percent at most. The sleep holds no
-        lock, as a GPU runs its kernels without the CPU, so the async loop can hide it; the outputs never change."""
+        lock, as a GPU runs its kernels without the CPU, so the async loop can hide it; the outputs never change.
+        ``simulated_forward_ms`` (v1, a teaching knob, not vLLM's): the model's lane stands in for a GPU whose forward
+        takes this long: the real forward runs and samples, then the lane sleeps until the span has lasted
+        ``simulated_forward_ms`` (no sleep if the real forward took longer). With both knobs set well above the
+        tiny model's forward, both lanes mostly sleep, release Python's lock, and the timeline shows the loop's
+        protocol rather than the machine's load; the tokens are the real model's."""
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
@@ -231,7 +237,8 @@ class LLMEngine:
                                     "pass version='v1'.")
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
         _check_async_scheduling(async_scheduling, version, speculative_config)
-        self.simulated_host_ms = _check_simulated_host_ms(simulated_host_ms, version)
+        self.simulated_host_ms = _check_simulated_ms("simulated_host_ms", simulated_host_ms, version)
+        self.simulated_forward_ms = _check_simulated_ms("simulated_forward_ms", simulated_forward_ms, version)
         if version == "v0" and (kv_offloading_size is not None or kv_offloading_blocks is not None):
             raise PagedKVValueError("kv_offloading_size / kv_offloading_blocks add a CPU tier through vLLM today's KV "
                                     "connector: pass version='v1' (v0 moves blocks to CPU by swapping: "
@@ -485,6 +492,7 @@ class LLMEngine:
         start = time.perf_counter()
         logits = self._forward(chunks, sampling, num_rows)
         sampled = self._sample_spec(out, sampling, logits) if drafts else self._sample(sampling, logits)
+        self._simulated_forward(start)
         self._record("forward", "forward", step, start)  # on this thread, drawn in the model's lane
         start = time.perf_counter()
         self.scheduler.update_from_output(out, sampled, self._finish_kv_transfers(out))
@@ -592,6 +600,11 @@ class LLMEngine:
         if self.simulated_host_ms:
             time.sleep(self.simulated_host_ms / 1e3)
 
+    def _simulated_forward(self, start: float) -> None:
+        """``simulated_forward_ms``: sleep until the forward span begun at ``start`` has lasted that long."""
+        if self.simulated_forward_ms:
+            time.sleep(max(0.0, start + self.simulated_forward_ms / 1e3 - time.perf_counter()))
+
     def _record(self, thread: str, kind: str, step: int, start: float) -> None:
         if self.trace is not None:  # list.append: safe from either thread
             self.trace.append(StepEvent(thread, kind, step, start, time.perf_counter()))
@@ -609,6 +622,7 @@ class LLMEngine:
         sampled = {r: processors[r].draw(r, row, logits, argmax) for row, r in enumerate(sampling)}
         self._prev_sampled = sampled
         logprobs = torch.log_softmax(logits.float(), dim=-1)
+        self._simulated_forward(start)
         self._record("forward", "forward", step, start)
         return sampled, logprobs
 
@@ -801,13 +815,16 @@ def kv_cache_groups_for(config, block_size: int, dtype: torch.dtype, unify: bool
     return get_kv_cache_groups(specs)
 
 
-def _check_simulated_host_ms(value, version: str) -> float:
+_SIMULATED = {"simulated_host_ms": "the main thread's extra work per schedule and per update",
+              "simulated_forward_ms": "the least time a forward span lasts"}
+
+
+def _check_simulated_ms(name: str, value, version: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1000:
-        raise PagedKVValueError(f"simulated_host_ms must be a number of milliseconds from 0 to 1000 (the main "
-                                f"thread's extra work per schedule and per update), got {value!r}.")
+        raise PagedKVValueError(f"{name} must be a number of milliseconds from 0 to 1000 ({_SIMULATED[name]}), "
+                                f"got {value!r}.")
     if value and version != "v1":
-        raise PagedKVValueError("simulated_host_ms times the v1 engine loop's schedule and update: pass "
-                                "version='v1', or leave simulated_host_ms at 0.")
+        raise PagedKVValueError(f"{name} times the v1 engine loop's spans: pass version='v1', or leave {name} at 0.")
     return float(value)
 
 
