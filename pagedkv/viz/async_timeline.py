@@ -52,10 +52,23 @@ def forward_idle(trace) -> tuple[float, float, float]:
     return (t1 - t0) * 1e3, 1 - busy / (t1 - t0), ready / (t1 - t0)
 
 
+def step_spans_text(trace) -> str:
+    """The text map beside a drawn timeline: per step, the milliseconds of its schedule, forward and update spans
+    (the main thread's waits left out). Clock times: they differ from run to run."""
+    first = min(e.step for e in trace)
+    ms = {(e.kind, e.step - first): 1e3 * (e.end - e.start) for e in trace if e.kind != "wait"}
+    lines = [f"{'step':>4}  {'schedule':>8}  {'forward':>7}  {'update':>6}   (ms)"]
+    for step in sorted({step for _, step in ms}):
+        lines.append(f"{step:>4}  " + "  ".join(f"{ms.get((kind, step), 0.0):>{width}.1f}" for kind, width in
+                                                 (("schedule", 8), ("forward", 7), ("update", 6))))
+    return "\n".join(lines)
+
+
 def draw_async_timeline(trace, ax=None, max_step: int | None = None, title: str | None = None, key: bool = True):
     """Two lanes, time in milliseconds from the first span: the main thread above (schedule marks on its upper
     sub-row, update marks on its lower one, each labelled with its step; the waits behind them), the forward lane
-    below, each forward labelled with its step. Marks are drawn at least 1/150 of the axis wide. ``key=False``
+    below, each forward labelled with its step. Marks are drawn at their true width, at least 1/400 of the axis
+    (a hair); a mark is labelled where its label fits. ``key=False``
     leaves the key out (two timelines stacked share one)."""
     first = min(e.step for e in trace)
     events = [e for e in trace if max_step is None or e.step - first <= max_step]
@@ -65,10 +78,10 @@ def draw_async_timeline(trace, ax=None, max_step: int | None = None, title: str 
     span = (max(e.end for e in events) - t0) * 1e3
     for e in sorted(events, key=lambda e: e.kind != "wait"):  # the marks over the waits
         bottom, height = ROWS[e.kind]
-        width = max((e.end - e.start) * 1e3, span / 150)  # a mark far shorter than a pixel is drawn a hair wide
+        width = max((e.end - e.start) * 1e3, span / 400)  # a mark far shorter than a pixel is drawn a hair wide
         ax.broken_barh([((e.start - t0) * 1e3, width)], (bottom, height), facecolors=KINDS[e.kind][0],
                        edgecolor="#333333", linewidth=0.5)
-        if e.kind != "wait":
+        if e.kind != "wait" and width >= span / 60:  # room for a digit
             colour = "black" if e.kind == "forward" else "white"
             ax.text((e.start - t0) * 1e3 + width / 2, bottom + height / 2, str(e.step - first), ha="center",
                     va="center", fontsize=7, color=colour)
