@@ -99,7 +99,7 @@ class EngineStats:
 class StepEvent:
     """A span of work in the async engine loop (``LLMEngine.trace``), what the timeline figure draws."""
 
-    thread: str  # "main" or "forward"
+    thread: str  # "main", or "forward": the model's lane (the forward thread; the main thread when synchronous)
     kind: str  # main: "schedule", "wait" (for a step's output), "update"; forward: "forward" (and the draws)
     step: int  # the step it belongs to (engine.stats.steps counts from 1; this from 0)
     start: float  # time.perf_counter() seconds
@@ -196,7 +196,8 @@ class LLMEngine:
                  long_prefill_token_threshold: int = 0, scheduler_reserve_full_isl: bool = True,
                  prefix_cache_retention_interval: int | None = 0, speculative_config: dict | None = None,
                  async_scheduling: bool = False, kv_offloading_size: float | None = None,
-                 kv_offloading_blocks: int | None = None):
+                 kv_offloading_blocks: int | None = None, simulated_host_ms: float = 0.0,
+                 simulated_forward_ms: float = 0.0):
         """``version="v0"``: the paper's engine (``BlockSpaceManager`` and ``Scheduler``: swap, watermark,
         sequence groups; prefix caching off by default). ``version="v1"``: vLLM today (``pagedkv.v1``: one token
         budget, chunked prefill, recompute only, prefix caching on by default, ``n > 1`` fanned out; with
@@ -215,7 +216,17 @@ class LLMEngine:
         the same forward; the tokens are those decoding without it produces.
         ``kv_offloading_size`` (GiB, vLLM 0.33's ``--kv-offloading-size``) or ``kv_offloading_blocks`` (v1): a CPU
         tier of KV blocks behind the GPU pool, reached through vLLM's native ``OffloadingConnector``
-        (``pagedkv.v1.kv_connector``)."""
+        (``pagedkv.v1.kv_connector``).
+        ``simulated_host_ms`` (v1, a teaching knob, not vLLM's): the main thread sleeps this many milliseconds in
+        every ``schedule`` and every ``update_from_output`` span, as if preparing a batch's inputs and processing its
+        outputs took that long. Next to a GPU's forward of a few milliseconds, that host work is a real share of a
+        step; next to the tiny model's forward on a CPU, pagedkv's own is a few percent at most. The sleep holds no
+        lock, as a GPU runs its kernels without the CPU, so the async loop can hide it; the outputs never change.
+        ``simulated_forward_ms`` (v1, a teaching knob, not vLLM's): the model's lane stands in for a GPU whose forward
+        takes this long: the real forward runs and samples, then the lane sleeps until the span has lasted
+        ``simulated_forward_ms`` (no sleep if the real forward took longer). With both knobs set well above the
+        tiny model's forward, both lanes mostly sleep, release Python's lock, and the timeline shows the loop's
+        protocol rather than the machine's load; the tokens are the real model's."""
         if not isinstance(model, LlamaForCausalLM):
             raise PagedKVValueError(f"model must be a pagedkv.model.LlamaForCausalLM, got {type(model).__name__}; "
                                     "load one with LlamaForCausalLM.from_pretrained(dir) or load_tiny().")
@@ -226,6 +237,8 @@ class LLMEngine:
                                     "pass version='v1'.")
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
         _check_async_scheduling(async_scheduling, version, speculative_config)
+        self.simulated_host_ms = _check_simulated_ms("simulated_host_ms", simulated_host_ms, version)
+        self.simulated_forward_ms = _check_simulated_ms("simulated_forward_ms", simulated_forward_ms, version)
         if version == "v0" and (kv_offloading_size is not None or kv_offloading_blocks is not None):
             raise PagedKVValueError("kv_offloading_size / kv_offloading_blocks add a CPU tier through vLLM today's KV "
                                     "connector: pass version='v1' (v0 moves blocks to CPU by swapping: "
@@ -311,7 +324,7 @@ class LLMEngine:
         self._executor = None  # the forward thread, started by the first step in flight, joined when idle
         self._prev_sampled: dict = {}  # forward thread only: the tokens its last step sampled
         self._failed = None  # a forward that raised: the engine's requests are lost
-        self.trace: list | None = None  # set to [] to record a StepEvent for each span of the async loop
+        self.trace: list | None = None  # set to [] to record a StepEvent for each span of the v1 loop
 
     def snapshot(self):
         """The block manager's snapshot (v0) or the KV cache manager's (v1): every drawing reads it."""
@@ -461,6 +474,7 @@ class LLMEngine:
 
     def _step_v1(self) -> V1SchedulerOutput:
         """v1: each scheduled request runs its chunk; those whose chunk reaches their last token sample."""
+        start = time.perf_counter()
         out = self.scheduler.schedule()
         self._count_v1(out)
         self._start_kv_transfers(out)
@@ -469,12 +483,21 @@ class LLMEngine:
                 self._ignore_stuck_v1()
             self.scheduler.update_from_output(out, {}, self._finish_kv_transfers(out))
             return out
+        step = self.stats.steps - 1
         chunks, drafts = self._chunks_v1(out), out.scheduled_spec_decode_tokens
         sampling = self.scheduler.sampling_request_ids(out)
         num_rows = {r: 1 + len(drafts.get(r, ())) for r in sampling}  # a draft's rows and the one after it
+        self._simulated_host_work()
+        self._record("main", "schedule", step, start)
+        start = time.perf_counter()
         logits = self._forward(chunks, sampling, num_rows)
         sampled = self._sample_spec(out, sampling, logits) if drafts else self._sample(sampling, logits)
+        self._simulated_forward(start)
+        self._record("forward", "forward", step, start)  # on this thread, drawn in the model's lane
+        start = time.perf_counter()
         self.scheduler.update_from_output(out, sampled, self._finish_kv_transfers(out))
+        self._simulated_host_work()
+        self._record("main", "update", step, start)
         if self.drafter is not None:
             self._propose_drafts(sampled)
             spec = self.scheduler.spec_decoding_stats  # the scheduler observed every draft it verified
@@ -536,7 +559,9 @@ class LLMEngine:
             if not out.is_empty:
                 sampling = self.scheduler.sampling_request_ids(out)  # known now: the next schedule() changes it
                 processors = {r: self._processors[r] for r in sampling}
-                future = self._worker().submit(self._execute_model, self._chunks_v1(out), sampling, processors, step)
+                chunks = self._chunks_v1(out)
+                self._simulated_host_work()  # preparing the step's inputs: before it is handed over
+                future = self._worker().submit(self._execute_model, chunks, sampling, processors, step)
                 self.batch_queue.appendleft((future, out, step))
                 self._record("main", "schedule", step, start)
                 if len(self.batch_queue) < self.batch_queue_size:
@@ -566,8 +591,19 @@ class LLMEngine:
             if request_id in self.scheduler.requests:
                 self._processors[request_id].record(request_id, sampled[request_id], logprobs[row])
         self.scheduler.update_from_output(out, sampled)
+        self._simulated_host_work()
         self._record("main", "update", step, start)
         return out
+
+    def _simulated_host_work(self) -> None:
+        """``simulated_host_ms`` of host work, as a sleep: it holds no lock, so the forward thread runs meanwhile."""
+        if self.simulated_host_ms:
+            time.sleep(self.simulated_host_ms / 1e3)
+
+    def _simulated_forward(self, start: float) -> None:
+        """``simulated_forward_ms``: sleep until the forward span begun at ``start`` has lasted that long."""
+        if self.simulated_forward_ms:
+            time.sleep(max(0.0, start + self.simulated_forward_ms / 1e3 - time.perf_counter()))
 
     def _record(self, thread: str, kind: str, step: int, start: float) -> None:
         if self.trace is not None:  # list.append: safe from either thread
@@ -586,6 +622,7 @@ class LLMEngine:
         sampled = {r: processors[r].draw(r, row, logits, argmax) for row, r in enumerate(sampling)}
         self._prev_sampled = sampled
         logprobs = torch.log_softmax(logits.float(), dim=-1)
+        self._simulated_forward(start)
         self._record("forward", "forward", step, start)
         return sampled, logprobs
 
@@ -776,6 +813,19 @@ def kv_cache_groups_for(config, block_size: int, dtype: torch.dtype, unify: bool
              else SlidingWindowSpec(**shape, sliding_window=config.layer_window(i))
              for i in range(config.num_hidden_layers)]
     return get_kv_cache_groups(specs)
+
+
+_SIMULATED = {"simulated_host_ms": "the main thread's extra work per schedule and per update",
+              "simulated_forward_ms": "the least time a forward span lasts"}
+
+
+def _check_simulated_ms(name: str, value, version: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1000:
+        raise PagedKVValueError(f"{name} must be a number of milliseconds from 0 to 1000 ({_SIMULATED[name]}), "
+                                f"got {value!r}.")
+    if value and version != "v1":
+        raise PagedKVValueError(f"{name} times the v1 engine loop's spans: pass version='v1', or leave {name} at 0.")
+    return float(value)
 
 
 def _check_async_scheduling(async_scheduling, version: str, speculative_config) -> None:

@@ -429,6 +429,29 @@ def test_the_trace_records_each_step_on_its_thread(tiny):
     whole(run)
 
 
+def test_the_synchronous_loop_records_its_spans_and_simulated_work_changes_no_output(tiny):
+    """The v1 synchronous loop's trace: per step a schedule, a forward and an update, in that order, none
+    overlapping; ``simulated_host_ms`` lengthens the schedule and update spans of either loop,
+    ``simulated_forward_ms`` the forward spans, and nothing else changes."""
+    model, tokenizer = tiny
+    prompt = [tokenizer.encode(TEXTS[0])]
+    plain = LLMEngine(model, version="v1", num_gpu_blocks=32, block_size=4).generate(prompt, 4)
+    for async_scheduling in (False, True):
+        with LLMEngine(model, version="v1", async_scheduling=async_scheduling, num_gpu_blocks=32, block_size=4,
+                       simulated_host_ms=2, simulated_forward_ms=3) as run:
+            run.trace = []
+            assert run.generate(prompt, 4) == plain
+        host = [e for e in run.trace if e.kind in ("schedule", "update")]
+        assert len(host) == 8 and all(e.end - e.start >= 0.002 for e in host)
+        forward = [e for e in run.trace if e.kind == "forward"]
+        assert len(forward) == 4 and all(e.end - e.start >= 0.003 for e in forward)
+        if not async_scheduling:
+            spans = sorted(run.trace, key=lambda e: e.start)
+            assert [(e.kind, e.step) for e in spans] == [(kind, step) for step in range(4)
+                                                         for kind in ("schedule", "forward", "update")]
+            assert all(a.end <= b.start for a, b in zip(spans, spans[1:]))
+
+
 def test_abort_with_a_step_in_flight_frees_at_once_and_drops_its_output(tiny):
     model, tokenizer = tiny
     prompts = [tokenizer.encode(t) for t in TEXTS[:3]]
@@ -515,6 +538,12 @@ def test_a_stuck_forward_fails_within_the_timeout(tiny, monkeypatch):
     (dict(version="v1", async_scheduling=1), "async_scheduling must be True"),
     (dict(version="v1", async_scheduling="yes"), "async_scheduling must be True"),
     (dict(version="v1", async_scheduling=None), "async_scheduling must be True"),
+    (dict(version="v1", simulated_host_ms=-1), "simulated_host_ms must be a number"),
+    (dict(version="v1", simulated_host_ms="5"), "simulated_host_ms must be a number"),
+    (dict(version="v0", simulated_host_ms=5), "pass version='v1'"),
+    (dict(version="v1", simulated_forward_ms=1001), "simulated_forward_ms must be a number"),
+    (dict(version="v1", simulated_forward_ms=True), "simulated_forward_ms must be a number"),
+    (dict(version="v0", simulated_forward_ms=5), "pass version='v1'"),
     (dict(version="v1", async_scheduling=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
      "follows that runner.s restriction"),
 ])

@@ -3,8 +3,9 @@
 Every exercise has an id, a slug such as ``"next-block-after-frees"``.  Its expected answer is not
 written in the notebook: ``exercises.py`` computes it by running the package
 itself (the allocator, the scheduler, the kernel's own index arithmetic), and
-``check.exercise(key, answer)`` compares.  A failed check says *which part* is
-off and gives a hint towards the idea; ``check.reveal(key)`` shows the answer
+``check.exercise(key, answer)`` compares.  A failed check says what is off
+(for an answer of several values given as a tuple, not which of them: they
+could be solved one at a time) and gives a hint towards the idea; ``check.reveal(key)`` shows the answer
 to a student who asks for it.
 
 Values are compared, not types: a list, a tuple, a numpy array and a torch
@@ -127,6 +128,9 @@ def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key
         _fail(f"{FAIL} {name}: no answer yet - replace the ... with your answer.", None, graded)
         return False
     problem = difference(plain(got), plain(expected), tolerance)
+    if problem and isinstance(expected, tuple) and problem.endswith("is not right"):
+        # several answers to one question: which of them is right is not said, or they could be solved one by one
+        problem = f"at least one of its {len(expected)} values is not right (the check does not say which)"
     why = next((why for wrong, why in mistakes if problem and difference(plain(got), plain(wrong), tolerance)
                 is None), None)
     if why:

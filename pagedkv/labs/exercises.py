@@ -737,8 +737,9 @@ def _async_tokens_computed():
 
 def _stale_token_delivered():
     """Async scheduling, 5 blocks of 2: A and B (3-token prompts, max_tokens=6) prefill in step 0; step 1 is
-    scheduled before step 0's output; scheduling step 2 preempts B with step 1 in flight. When step 1's output
-    arrives: (B's output tokens, B's num_computed_tokens)."""
+    scheduled before step 0's output; scheduling step 2 preempts one of them with step 1 in flight. The engine loop
+    goes on (a queue of two steps; every ``schedule()`` call is a step, an empty one too) until the victim is
+    scheduled again: (the preempted request, the step it is readmitted in, the tokens it is scheduled for then)."""
     from collections import deque
 
     from ..v1 import AsyncScheduler, KVCacheManager
@@ -746,16 +747,17 @@ def _stale_token_delivered():
     s = AsyncScheduler(KVCacheManager(2, 5, enable_caching=False), max_num_batched_tokens=16)
     s.add_request("A", [1, 2, 3], 6)
     s.add_request("B", [4, 5, 6], 6)
-    queue = deque()
-    for step in range(3):
+    queue, victim = deque(), None
+    for step in range(20):
         out = s.schedule()
+        if victim is None:
+            victim = next((r for r in ("A", "B") if s.requests[r].num_stale_output_tokens), None)
+        elif victim in out.num_scheduled_tokens:
+            return victim, step, out.num_scheduled_tokens[victim]
         queue.appendleft((out, {r: 7 for r in s.sampling_request_ids(out)}))
-        if step == 1:
-            s.update_from_output(*queue.pop())  # step 0's output
-    assert s.requests["B"].num_stale_output_tokens == 1  # preempted in step 2's schedule, step 1 in flight
-    s.update_from_output(*queue.pop())  # step 1's output
-    b = s.requests["B"]
-    return len(b.output_token_ids), b.num_computed_tokens
+        if len(queue) == 2:
+            s.update_from_output(*queue.pop())  # the oldest step's output
+    raise AssertionError("the victim was never readmitted")
 
 
 # --------------------------------------- kv_offloading
@@ -1070,20 +1072,26 @@ EXERCISES: dict[str, Exercise] = {
                    "holding K/V that stays (count the step's first row, the token that was pending)?"))),
     "async-tokens-computed": Exercise("(tokens computed for A, tokens computed for B)", notebook="async_scheduling",
                       expected=_async_tokens_computed,
-                      hint="a step runs on the tokens it was scheduled with; which of the two requests' last token "
-                           "does the scheduler know it is the last before its step's output comes back?",
-                      mistakes=((lambda: (32, 32), "A's EOS is known only when its step's output comes back, and by "
-                                 "then the next step (the EOS's own K/V) was scheduled and runs."),
-                                (lambda: (33, 33), "B's last token is known in advance (max_tokens): vLLM 0.33 "
-                                 "schedules no step after the one that samples it."))),
-    "stale-token-delivered": Exercise("(B's output tokens, B's num_computed_tokens)", notebook="async_scheduling",
-                      expected=_stale_token_delivered,
-                      hint="which counters does _preempt_request reset, and what may a stale output still change?",
-                      mistakes=((lambda: (1, 0), "a stale output is delivered: the step read B's blocks before anyone "
-                                 "could reuse them, so its token is real and is appended to B's output."),
-                                (lambda: (2, 5), "the preemption reset num_computed_tokens to 0, and a stale output "
-                                 "changes neither num_computed_tokens nor num_output_placeholders: B recomputes "
-                                 "everything when it comes back."))),
+                      hint="count the steps scheduled for each request, prefill included, and the tokens each of "
+                           "them runs on; a step already scheduled runs even if its request has finished.",
+                      mistakes=((lambda: (32, 32), "you gave A and B the same count. Does the scheduler learn that A "
+                                 "stops the way it learns that B stops, and at the same moment?"),
+                                (lambda: (33, 33), "you gave A and B the same count. Does the scheduler learn that A "
+                                 "stops the way it learns that B stops, and at the same moment?"))),
+    "stale-token-delivered": Exercise("(the preempted request, the step it is scheduled again in, its tokens then)",
+                      notebook="async_scheduling", expected=_stale_token_delivered,
+                      hint="in step 2's schedule, who asks for a block first, and whom does the v1 scheduler preempt "
+                           "when none is free? Then follow the pool step by step: when does the other request give "
+                           "its blocks back, and which steps were scheduled before that?",
+                      mistakes=((lambda: ("B", 6, 5), "step 6 is scheduled before step 5's output is processed: the "
+                                 "blocks of the request that finishes in step 5 are still held when step 6 is "
+                                 "scheduled."),
+                                (lambda: ("B", 7, 4), "count the victim's tokens when it comes back: its prompt and "
+                                 "every output token it has, the stale one included, are recomputed."),
+                                (lambda: ("B", 7, 3), "count the victim's tokens when it comes back: its prompt and "
+                                 "every output token it has, the stale one included, are recomputed."),
+                                (lambda: ("B", 3, 5), "when step 3 is scheduled, how many blocks are free, and how "
+                                 "many does the victim need to come back?"))),
     "offload-two-tier-hit": Exercise(
         "(prompt tokens from the GPU prefix cache, tokens loaded from the CPU tier, prompt tokens computed)",
         notebook="kv_offloading", expected=_two_tier_hit,

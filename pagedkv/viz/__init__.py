@@ -1,7 +1,7 @@
 """Layer 13 — pictures of the cache, drawn only from ``snapshot()`` data, the interactive visualizer, and recorded
 runs (``trace``) that ``player.js`` plays in a browser with no kernel."""
 
-from .async_timeline import async_timeline_text, draw_async_timeline
+from .async_timeline import async_timeline_text, draw_async_timeline, draw_sync_and_async, forward_idle, step_spans_text
 from .block_map import PALETTE, add_block_map_key, align_panels, draw_block_map, seq_colors
 from .compact_png import compact_png
 from .scheduler_widget import SchedulerVisualizer
@@ -13,5 +13,6 @@ from .visualizer import BlockTableVisualizer, counters
 
 __all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "Trace", "TracePlayer",
            "TraceRecorder", "add_block_map_key", "align_panels", "async_timeline_text", "block_names", "compact_png",
-           "counters", "draw_async_timeline", "draw_block_map", "draw_tiers", "draw_timeline", "load_trace",
-           "record_engine", "record_scheduler", "render_tiers", "seq_colors"]
+           "counters", "draw_async_timeline", "draw_block_map", "draw_sync_and_async", "draw_tiers", "draw_timeline",
+           "forward_idle", "load_trace", "record_engine", "record_scheduler", "render_tiers", "seq_colors",
+           "step_spans_text"]

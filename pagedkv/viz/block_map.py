@@ -236,20 +236,23 @@ def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unna
 
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
-                      ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False):
+                      ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False,
+                      shared: bool = True, filled: str = "slots with tokens"):
     """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
     (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
-    ends with it shows no legend object; the key is ``fig.legends[-1]``."""
+    ends with it shows no legend object; the key is ``fig.legends[-1]``. ``shared=False`` leaves out the stripes'
+    entry, for a figure where no block is shared; ``filled`` names the dark slots (e.g. "slots allocated", where a
+    slot is held for a token not yet known)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     def blank(label):
         return Line2D([], [], linestyle="none", label=label)
 
-    handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE, label="a sequence's block: dark = slots with tokens"),
+    handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE, label=f"a sequence's block: dark = {filled}"),
                Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale = empty slots"),
                Patch(facecolor=FREE, edgecolor=EDGE, label="free block"),
-               blank("stripes, xN: shared by N sequences (ref count)"),
+               *([blank("stripes, xN: shared by N sequences (ref count)")] if shared else []),
                blank("#n: place in the free queue (#0 goes next)"),
                blank("top-left number: physical block id"),
                blank("block table entry i: the physical block of logical block i")]
