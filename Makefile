@@ -74,10 +74,18 @@ visualizer: $(VIZ_STAMP)
 labs: $(LAB_STAMP)
 	$(PY) -m pagedkv labs --out labs/
 
+# nbgrader's server extensions, switched on in the venv by the grade extra (an instructor's), log a warning and an
+# error at every start of JupyterLab ("No nbgrader_config.py file found", "[E ...] The course directory root is not
+# a subdirectory of the notebook server root"); the labs need none of them, so `make lab` starts JupyterLab without
+# them where they are installed (and names none where they are not: a name jupyter_server cannot import warns).
+NBGRADER_SERVER_OFF = $(if $(wildcard $(VENV)/etc/jupyter/jupyter_server_config.d/nbgrader.json),$(foreach e,\
+	formgrader course_list assignment_list validate_assignment,\
+	--ServerApp.jpserver_extensions nbgrader.server_extensions.$(e)=False))
+
 # Opens the exercise copies; generates them only if labs/ is missing, so a student's work is never replaced.
 lab: $(LAB_STAMP)
 	test -d labs || $(PY) -m pagedkv labs --out labs/
-	$(VENV)/bin/jupyter lab labs/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(VENV)/bin/jupyter lab labs/ $(if $(filter 0,$(shell id -u)),--allow-root) $(NBGRADER_SERVER_OFF)
 
 # Grading with nbgrader (notebooks/README.md): the grading folder, made once, never overwritten.
 grading: $(GRADE_STAMP)
@@ -89,10 +97,10 @@ release: grading
 	$(NBGRADER) generate_assignment $(ASSIGNMENT) $(NBGRADER_ARGS)
 
 # JOBS=N (N > 1): N students at once, each batch by its own nbgrader in a copy of the course folder, the grades then
-# merged into the course's gradebook (pagedkv/labs/autograde.py); about one job per two cores.
+# merged into the course's gradebook (pagedkv/labs/autograde.py); one job per idle core (notebooks/README.md).
 JOBS ?= 1
 autograde: $(GRADE_STAMP)
-	$(if $(filter-out 1,$(JOBS)),$(IN_COURSE) -m pagedkv autograde $(ASSIGNMENT) --jobs $(JOBS),$(NBGRADER) \
+	$(if $(filter-out 1,$(JOBS)),$(IN_COURSE) -m pagedkv autograde --jobs $(JOBS) $(ASSIGNMENT),$(NBGRADER) \
 		autograde $(ASSIGNMENT)) $(NBGRADER_ARGS)
 
 feedback: $(GRADE_STAMP)

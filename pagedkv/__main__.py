@@ -146,8 +146,11 @@ def voila_command(port: int, open_browser: bool) -> list[str]:
     The tornado settings are in viz/jupyter/voila.json, since a command line gives a dict's values as strings:
     ``disable_check_xsrf``, and ``ws_ping_timeout`` 30 s, equal to jupyter_server's ping interval (its default
     timeout, three intervals, made tornado warn "The websocket_ping_timeout (90000) cannot be longer than the
-    websocket_ping_interval (30000)" on every page load). The "pagedkv" template is found through
-    ``voila_environ``."""
+    websocket_ping_interval (30000)" on every page load). voila.json also leaves out two JupyterLab extensions that
+    the page would load from the venv and cannot run (nbgrader's and Notebook 7's, there with the grade extra):
+    each logged an error in the browser's console on every load ("Shared module @jupyterlab/filebrowser doesn't
+    exist in shared scope default"), with Voila's stock template as with ours. The "pagedkv" template is found
+    through ``voila_environ``."""
     command = [sys.executable, "-m", "voila", str(APP), "--Voila.ip=127.0.0.1", f"--port={port}",
                "--show_tracebacks=False", f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_SECONDS}",
                f"--MappingKernelManager.cull_interval={CULL_INTERVAL_SECONDS}",
@@ -235,6 +238,7 @@ def main(argv=None) -> int:
                                                   "JOBS=N); run it in the course folder")
     grade.add_argument("assignment", help="the assignment's name (make's ASSIGNMENT: pagedkv)")
     grade.add_argument("--jobs", type=int, default=2, help="students graded at once, in batches (default: 2)")
+    # everything after the assignment, options included, goes to nbgrader: --jobs comes before the assignment
     grade.add_argument("nbgrader_args", nargs=argparse.REMAINDER, help="passed on to each nbgrader autograde")
     guide = commands.add_parser("guide", help="rewrite the instructor guide's generated block (counts, points, "
                                               "each notebook's exercises) from the notebooks and exercises.py")

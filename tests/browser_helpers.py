@@ -54,16 +54,24 @@ def wait_for_port(port: int, server: subprocess.Popen, timeout: float = 90) -> N
                f"nothing listened on 127.0.0.1:{port}", timeout)
 
 
+def offline_args() -> list[str]:
+    """Chromium's options that refuse, at once, every request that leaves this machine, without intercepting any:
+    all of them go to a proxy on a port where nothing listens, and Chromium never proxies 127.0.0.1 (loopback is
+    bypassed by default). Playwright's own interception (``page.route``) holds a beacon that a page sends as it is
+    left until the browser closes (tests/test_app_browser.py), so a test of beacons must not use it."""
+    return [f"--proxy-server=http://127.0.0.1:{free_port()}"]
+
+
 @contextlib.contextmanager
-def chromium_page(sync_api, tmp_path, viewport, server_log=None):
-    """A page in Debian's Chromium, always closed.
+def chromium_page(sync_api, tmp_path, viewport, server_log=None, offline=False):
+    """A page in Debian's Chromium, always closed; ``offline``: nothing off this machine answers (``offline_args``).
 
     On failure, what the page said (console, uncaught errors, failed requests) and the tail of ``server_log``
     are printed, so pytest shows them, and a screenshot lands in tmp_path/failure.png.
     """
     said = []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS + (offline_args() if offline else []))
         page = browser.new_page(viewport=viewport)
         page.on("console", lambda message: said.append(f"console {message.type}: {message.text}"))
         page.on("pageerror", lambda error: said.append(f"page error: {error}"))

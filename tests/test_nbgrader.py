@@ -6,7 +6,9 @@ in its own copy of the course folder, the grades merged into the course's gradeb
 the released notebooks untouched (0 points in every check) and the solutions with one plausible wrong answer per
 notebook, which must lose exactly that exercise's points and score every other check in full, so a right answer
 scores full marks in every exercise but the one broken per notebook (those are right in the solution notebooks,
-which nbval runs, and in tests/test_labs.py). ``make feedback`` writes both students' feedback and the grades.
+which nbval runs, and in tests/test_labs.py). Each student added one cell to notebook 01, which prints where its
+kernel listens: the two batches' kernels share no port (they once raced for one in CI). ``make feedback`` writes
+both students' feedback and the grades.
 Two autogrades where there were three (a blank, a right and a wrong submission): a third of this test's time.
 (Their kernels were once nudged from outside: now and then a widget cell's reply never reached nbgrader. The
 widgets caused that, and no longer do: pagedkv/viz/widget_output.py.)
@@ -14,7 +16,9 @@ widgets caused that, and no longer do: pagedkv/viz/widget_output.py.)
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -74,13 +78,19 @@ def make(clone: Path, target: str, course: Path, *args: str):
     env = dict(os.environ, PATH=path, PAGEDKV_QUIET="1", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     command = ["make", "-o", str(VENV / ".pagedkv-grade"), f"VENV={VENV}", f"COURSE={course}", target, *args]
     with open(course.parent / f"make-{target}-{course.name}.log", "w") as log:  # a file: three never block on it
-        process = subprocess.Popen(command, cwd=clone, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=clone, env=env, text=True, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # its own process group: finish() can end it all
     process.log = Path(log.name)
     return process
 
 
 def finish(process, what):
-    process.wait(timeout=900)
+    try:
+        process.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # make, nbgrader and what they started: nothing left running
+        process.wait()
+        raise
     assert process.returncode == 0, f"make {what} failed:\n{process.log.read_text()[-4000:]}"
     # nbgrader goes on with its defaults when the config file fails: that must fail here
     assert "Exception while loading config" not in process.log.read_text(), process.log.read_text()[:2000]
@@ -103,6 +113,19 @@ def make_wrong(source: Path, target: Path) -> str:
     return hits[0]["metadata"]["nbgrader"]["grade_id"].removesuffix("-answer") + "-check"
 
 
+# A cell a student might add: where its kernel's connection file says the kernel listens.
+TRANSPORT_CELL = ("import json, ipykernel.connect\n"
+                  "info = json.load(open(ipykernel.connect.get_connection_file()))\n"
+                  "print('kernel transport', info['transport'], info['ip'])")
+
+
+def add_transport_cell(path: Path) -> None:
+    notebook = json.loads(path.read_text())
+    notebook["cells"].append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                              "source": TRANSPORT_CELL})
+    path.write_text(json.dumps(notebook))
+
+
 def scores(course: Path, student: str) -> dict:
     """``{notebook number: {check's grade id: (score, max_score)}}`` from the course's gradebook."""
     from nbgrader.api import Gradebook
@@ -114,8 +137,9 @@ def scores(course: Path, student: str) -> dict:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Release the course, autograde a blank and a wrong submission (two at once, `make autograde JOBS=2`), and
-    write the feedback. Returns the course, each student's scores, the autograde log and the broken checks."""
+    """Release the course, autograde a blank and a wrong submission (two at once, `make autograde JOBS=2`; each
+    with a cell added to notebook 01 that prints its kernel's transport), and write the feedback. Returns the
+    course, each student's scores, the autograde log and the broken checks."""
     root = tmp_path_factory.mktemp("grading")
     clone = fresh_clone(root / "pagedkv")
     course = root / "course"
@@ -130,15 +154,33 @@ def graded(tmp_path_factory):
                 shutil.copy(course / "release" / ASSIGNMENT / path.name, submitted / path.name)
             else:
                 broken[path.name[:2]] = make_wrong(path, submitted / path.name)
+        add_transport_cell(submitted / SOLUTIONS[0].name)
     started = time.monotonic()
-    # JOBS=1: with JOBS=2 two nbgraders once raced for one kernel port (zmq "Address already in use"); round 5 note
-    run = make(clone, "autograde", course, "JOBS=1")
-    finish(run, "autograde JOBS=1")
+    run = make(clone, "autograde", course, "JOBS=2")
+    finish(run, "autograde JOBS=2")
     print(f"make autograde JOBS=2, two students: {time.monotonic() - started:.0f} s, load average "
           f"{os.getloadavg()[0]:.1f}")  # pytest -s shows it: the guide's figure
     finish(make(clone, "feedback", course), "feedback")
     assert not list(root.glob(".course-autograde-*"))  # the batches' copies are gone
     return course, {student: scores(course, student) for student in ("blank", "wrong")}, run.log.read_text(), broken
+
+
+def test_make_autograde_jobs_reaches_pagedkv_and_nothing_else_reaches_nbgrader(monkeypatch):
+    """``make autograde JOBS=3`` once gave ``--jobs 3`` after the assignment, where pagedkv's command line passes
+    everything on to nbgrader: 2 batches (the default) and nbgrader's "WARNING Unrecognized alias: 'jobs'"."""
+    import shlex
+
+    from pagedkv.__main__ import main
+    from pagedkv.labs import autograde
+
+    printed = subprocess.run(["make", "-n", "-o", str(VENV / ".pagedkv-grade"), f"VENV={VENV}", "COURSE=course",
+                              "autograde", "JOBS=3"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    line = next(line for line in printed.splitlines() if "-m pagedkv autograde" in line)
+    words = shlex.split(line.split("&&", 1)[1])
+    called = []
+    monkeypatch.setattr(autograde, "autograde", lambda *args: called.append(args) or 0)
+    assert main(words[words.index("pagedkv") + 1:]) == 0
+    assert [args[1:] for args in called] == [(ASSIGNMENT, 3, [])]
 
 
 def test_every_notebook_has_two_graded_exercises():
@@ -179,6 +221,23 @@ def test_one_wrong_answer_costs_exactly_its_points_and_right_ones_score_full_mar
             assert score == (0 if name == broken[number] else maximum) and maximum > 0, (number, name, score)
 
 
+def test_parallel_kernels_share_no_port(graded):
+    """`make autograde JOBS=2` once failed in CI: two nbgraders' kernels were handed the same TCP port (zmq
+    "Address already in use"; jupyter_client frees a port it picked before the kernel binds it). Each batch's
+    kernels now listen on Unix sockets in a folder of their own (pagedkv/labs/autograde.py, kernel_sockets): read
+    back from inside the kernels, through the cell each student added to notebook 01."""
+    course = graded[0]
+    where = {}
+    for student in ("blank", "wrong"):
+        path = course / "autograded" / student / ASSIGNMENT / SOLUTIONS[0].name
+        cell = next(c for c in json.loads(path.read_text())["cells"] if "".join(c["source"]) == TRANSPORT_CELL)
+        said = "".join(text for output in cell["outputs"] for text in output.get("text", []))
+        match = re.fullmatch(r"kernel transport (\w+) (\S+)\n", said)
+        assert match and match[1] == "ipc", (student, cell["outputs"])
+        where[student] = Path(match[2]).parent
+    assert where["blank"] != where["wrong"], where  # one folder of sockets per batch
+
+
 def test_autograde_logs_no_warning(graded):
     """An untouched or answered submission is graded without nbgrader warning about its cells: no changed
     checksums (nbgrader#1961 made every hidden-test cell warn) and no outputs it cannot convert to a score."""
@@ -186,6 +245,7 @@ def test_autograde_logs_no_warning(graded):
     assert "Attribute 'checksum'" not in log and "has changed" not in log, log[-3000:]
     assert "cannot be converted" not in log, log[-3000:]
     assert "SAWarning" not in log, log[-3000:]  # nbgrader's own, silenced by nbgrader_config.py
+    assert "WARNING" not in log, log[-3000:]  # e.g. "Unrecognized alias: 'jobs'" (the test above)
 
 
 def outputs_text(cell) -> str:

@@ -8,6 +8,11 @@ batch's ``autograded/<student>/`` folders are moved into the course and its grad
 gradebook (nbgrader's own API), one batch after another. ``make feedback`` then works as after a plain
 ``make autograde``. A batch that fails leaves the course as it was for its students, and its copy (with
 nbgrader's log) is kept and named.
+
+The batches' kernels talk to their nbgrader over Unix sockets, not TCP ports (``kernel_sockets``): jupyter_client
+picks a kernel's TCP ports by binding port 0 and closing the socket before the kernel binds it, so two nbgraders
+starting kernels at once can be handed the same port (seen in CI: zmq "Address already in use", the kernel dead
+before its first reply).
 """
 
 from __future__ import annotations
@@ -46,6 +51,26 @@ def make_copy(course: Path, batch: list[str], assignment: str, where: Path) -> P
     for student in batch:
         shutil.copytree(course / "submitted" / student, where / "submitted" / student)
     return where
+
+
+def kernel_sockets(folder: Path) -> list[str]:
+    """nbgrader's options that make its kernels talk over Unix sockets named ``folder/kernel-1`` to ``-5``.
+
+    jupyter_client 8 (``connect.py``, ``write_connection_file``) finds a kernel's five TCP ports by binding port 0
+    and closing each socket again, and the kernel binds them a moment later: another process starting a kernel
+    meanwhile can be handed the same port, and one of the two kernels dies with zmq "Address already in use"
+    before it answers. With ``transport = "ipc"`` a "port" is a number after ``KernelManager.ip``, a path, taken
+    as the first ``<ip>-N`` that does not exist; each batch gets a folder of its own (and grades one notebook at
+    a time), so no two kernels can pick the same socket. The options reach every kernel nbgrader starts: its
+    ``Execute`` preprocessor (nbclient) builds its ``KernelManager`` from nbgrader's config. ``folder`` must be
+    short: a Unix socket's path holds at most 104 bytes (macOS; 108 on Linux). Without ipc (zmq on Windows),
+    no options: the ports stay TCP.
+    """
+    import zmq
+
+    if not zmq.has("ipc"):
+        return []
+    return ["--KernelManager.transport=ipc", f"--KernelManager.ip={folder / 'kernel'}"]
 
 
 def merge_grades(batch_db: Path, course_db: Path, assignment: str, students: list[str]) -> None:
@@ -91,14 +116,27 @@ def autograde(course: Path, assignment: str, jobs: int, nbgrader_args: list[str]
         return 1
     batches = deal(students, jobs)
     work = Path(tempfile.mkdtemp(prefix=f".{course.name}-autograde-", dir=course.parent))
+    # the kernels' sockets: a short path in the system's temporary folder (the course's may be too deep for one)
+    sockets = Path(tempfile.mkdtemp(prefix="pagedkv-kernels-"))
+    try:
+        return grade_batches(course, assignment, batches, work, sockets, nbgrader_args)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def grade_batches(course: Path, assignment: str, batches: list[list[str]], work: Path, sockets: Path,
+                  nbgrader_args: list[str]) -> int:
+    """One nbgrader per batch, all at once, each in its copy of the course under ``work`` and with its kernels'
+    sockets in its own folder under ``sockets``; then the batches' grades into the course; the exit status."""
     runs = []
     for k, batch in enumerate(batches):
         copy = make_copy(course, batch, assignment, work / f"batch-{k}")
+        (sockets / str(k)).mkdir()
         log = open(copy / "autograde.log", "w")
         runs.append((batch, copy, log, subprocess.Popen(
-            [sys.executable, "-m", "nbgrader", "autograde", assignment, *nbgrader_args], cwd=copy,
-            stdout=log, stderr=subprocess.STDOUT)))
-    print(f"autograding {len(students)} students in {len(batches)} batches at once ...", flush=True)
+            [sys.executable, "-m", "nbgrader", "autograde", assignment, *kernel_sockets(sockets / str(k)),
+             *nbgrader_args], cwd=copy, stdout=log, stderr=subprocess.STDOUT)))
+    print(f"autograding {sum(map(len, batches))} students in {len(batches)} batches at once ...", flush=True)
     failed = []
     for batch, copy, log, process in runs:
         process.wait()
