@@ -305,10 +305,8 @@ def test_sliding_window_models_are_refused():
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("gguf")
-    from pagedkv.model import load_smollm2
-    return load_smollm2()  # one load for the module
+def smollm2(smollm2_loaded):
+    return smollm2_loaded  # one load per session (tests/conftest.py), shared with test_smollm2.py
 
 
 def test_smollm2_chat_history_comes_back_from_cpu(smollm2):

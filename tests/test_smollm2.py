@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pagedkv import LLMEngine, ModelFileError, PagedKVError
-from pagedkv.model import LlamaForCausalLM, generate_dense, load_smollm2, smollm2_path
+from pagedkv.model import LlamaForCausalLM, generate_dense, smollm2_path
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -24,8 +24,8 @@ TEXTS = ["Hello world", "  leading spaces,\ttabs\n\nand newlines ", "café naïv
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_smollm2()
+def smollm2(smollm2_loaded):
+    return smollm2_loaded  # one load per session (tests/conftest.py), shared with test_offload.py
 
 
 @pytest.fixture(scope="module")
