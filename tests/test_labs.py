@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from pagedkv.errors import PagedKVKeyError
 from pagedkv.labs import check
 from pagedkv.labs.generate import generate_labs, strip_solutions
 
@@ -304,3 +305,36 @@ def test_the_guide_states_the_course_as_it_is(tmp_path):
     copy = tmp_path / "README.md"
     copy.write_text(guide.replace(render(facts), f"{BEGIN}\nold text\n{END}"), encoding="utf-8")
     assert rewrite(copy, NOTEBOOKS) and copy.read_text(encoding="utf-8") == guide  # the command writes it back
+
+
+def _prediction_calls():
+    """(notebook stem, key, number of arguments and keywords) for every check.prediction call in the solutions."""
+    import ast
+
+    for path in SOLUTIONS:
+        for cell in code_cells(path):
+            for node in ast.walk(ast.parse("".join(cell["source"]))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "prediction":
+                    arguments = len(node.args) + len(node.keywords)
+                    yield path.stem.split("_", 1)[1], ast.literal_eval(node.args[0]), arguments
+
+
+def test_every_prediction_is_asked_once_in_its_notebook_with_nothing_given_away():
+    """A check cell names its prediction by id and passes the guess and the run's value, nothing else: the hint and
+    the known wrong answers stay in predictions.py, out of sight until a wrong guess asks for one."""
+    from pagedkv.labs.exercises import EXERCISES
+    from pagedkv.labs.predictions import PREDICTIONS
+
+    calls = list(_prediction_calls())
+    assert sorted(key for _, key, _ in calls) == sorted(PREDICTIONS)  # each asked exactly once, none left unused
+    for notebook, key, arguments in calls:
+        assert (notebook, arguments) == (PREDICTIONS[key].notebook, 3), key
+    assert not set(PREDICTIONS) & set(EXERCISES)
+
+
+def test_an_unknown_prediction_key_lists_the_keys(capsys):
+    with pytest.raises(PagedKVKeyError, match="free-queue-next-block"):
+        check.prediction("no-such-prediction", 1, 1)
+    check.prediction("free-queue-next-block", 3, 0)  # a known slip: named, the run's value not shown
+    out = capsys.readouterr().out
+    assert "first freed, first reused" in out and " 0" not in out

@@ -34,6 +34,7 @@ from numbers import Number
 
 from ..errors import PagedKVKeyError
 from .exercises import EXERCISES, label
+from .predictions import PREDICTIONS
 
 PASS, FAIL = "[ok]", "[not yet]"
 _grading = os.environ.get("PAGEDKV_GRADING") == "1"
@@ -143,10 +144,17 @@ def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key
     return True
 
 
-def prediction(name: str, got, truth, hint: str = "", mistakes=()) -> None:
-    """A "predict, then run" verdict: ``[ok]`` or what is off, never the value. Predictions earn no points, so it
-    prints and never raises, under nbgrader too (a blank one says "no answer yet")."""
-    report(name, got, truth, hint=hint, mistakes=mistakes, graded=False)
+def prediction(key: str, got, truth) -> None:
+    """A "predict, then run" verdict on prediction ``key`` (e.g. ``"free-queue-next-block"``): ``[ok]`` or what is
+    off, never the value; ``truth`` is what the run just produced. Its title, hint and known slips are in
+    ``predictions.py``, not in the cell. Predictions earn no points, so it prints and never raises, under nbgrader
+    too (a blank one says "no answer yet")."""
+    try:
+        question = PREDICTIONS[key]
+    except (KeyError, TypeError):
+        raise PagedKVKeyError(f"there is no prediction {key!r}; a prediction id is the slug its check cell names, "
+                              f"one of: {', '.join(PREDICTIONS)}.") from None
+    report(question.title, got, truth, hint=question.hint, mistakes=question.mistakes, graded=False)
 
 
 def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", key: str | None = None) -> bool:
