@@ -224,6 +224,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_past
     num_new = q.shape[0]
     plain_causal = sliding_window is None and not num_past and num_new > 1  # SDPA builds this mask itself
     mask = None if plain_causal else attention_mask(num_new, k.shape[0], sliding_window)
+    mask = None if mask is None else mask.to(q.device)  # built on the CPU; a GPU's SDPA needs it beside q
     out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
                                          v.float().transpose(0, 1), attn_mask=mask, is_causal=plain_causal,
                                          enable_gqa=True)

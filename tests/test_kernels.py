@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from numba import float32
 from perf_extra import real_mode_env, require_perf_extra
 
-from pagedkv import BlockTableError, ShapeError, paged_attention, reference_paged_attention
+from pagedkv import BlockTableError, PagedKVValueError, ShapeError, paged_attention, reference_paged_attention
 from pagedkv.kernels import CUDA_MODE, check_attention_args, gather_kv  # first: sets the CUDA mode
-from pagedkv.kernels.cuda import paged_attention_cuda
+from pagedkv.kernels.cuda import max_v1_tokens, paged_attention_cuda
 from pagedkv.kernels.ptx import fp64_lines
 
 cuda = importlib.import_module("numba.cuda")  # only after pagedkv, which chooses the simulator or a real GPU
@@ -238,6 +238,10 @@ def test_gpu_kernels_every_flavour(dtype, partition_size):
     shape = check_attention_args(*case)
     expected = sdpa(*case)
     for flavour in ("tree", "vllm", "vllm-gqa", None):  # None: the GPU default
+        if partition_size == 0 and flavour and shape.max_seq_len > max_v1_tokens(flavour, shape.num_queries_per_kv):
+            with pytest.raises(PagedKVValueError, match="leave partition_size=None"):  # a group's logits overflow
+                paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour=flavour)
+            continue
         out = paged_attention_cuda(*case, shape, CUDA_MODE, partition_size, flavour=flavour)
         torch.testing.assert_close(out.float().cpu(), expected, atol=TOL[dtype], rtol=TOL[dtype])
 
