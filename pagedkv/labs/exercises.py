@@ -899,7 +899,12 @@ EXERCISES: dict[str, Exercise] = {
     "watermark-longest-prompts": Exercise("(longest prompt admitted now, longest ever admitted)",
                       notebook="free_list_allocation", expected=_longest_prompts,
                       mistakes=((lambda: _longest_prompts(watermark=0.0), "you let a prompt take every free "
-                                 "block; both tests keep the watermark's blocks back."),),
+                                 "block; both tests keep the watermark's blocks back."),
+                                (lambda: tuple(t // 16 for t in _longest_prompts()), "those are blocks; the "
+                                 "question asks for tokens, and a prompt's last block may be full."),
+                                (lambda: tuple(t - 16 for t in _longest_prompts()), "you kept one block more "
+                                 "than the watermark; both tests compare with >=, so a prompt may leave exactly "
+                                 "the watermark free.")),
                       hint="a prompt needs ceil(tokens / 16) blocks, and both tests keep 5 blocks spare: the "
                            "free ones now (OK), or an empty pool (not NEVER). Is leaving exactly 5 allowed?"),
     "blocks-named-alike": Exercise("Q's blocks named as one of P's",

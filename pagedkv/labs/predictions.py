@@ -38,10 +38,30 @@ PREDICTIONS: dict[str, Prediction] = {
     "second-request-block-table": Prediction(
         "your prediction (B's block table)", "free_list_allocation",
         hint="6 tokens in blocks of 4 take how many blocks? B's table starts where A's ends.",
+        mistakes=(
+            ([1, 2, 3], "A's 6 tokens need two blocks; the second, half full, is still A's alone, so B starts "
+                        "at block 2."),
+            ([2, 3], "9 tokens in blocks of 4: the 9th token needs a block of its own."),
+        ),
+    ),
+    "slot-of-a-token": Prediction(
+        "your prediction (the slot of B's token 6)", "free_list_allocation",
+        hint="which logical block holds position 6, which physical block is that in B's table, and how far into it"
+             " is the token?",
+        mistakes=(
+            (6, "that is the token's position in the request, its place in a contiguous cache; a paged cache puts "
+                "it in a physical block from B's table."),
+            (2 * 4 + 2, "you took the physical block of B's first table entry; position 6 is in logical block "
+                        "6 // 4."),
+        ),
     ),
     "decode-last-block": Prediction(
         "your prediction (A's last block)", "free_list_allocation",
         hint="when does A's last block fill up, and where does the next block come from?",
+        mistakes=(
+            (1, "after 3 steps A has 9 tokens, and two blocks of 4 hold only 8: the 9th needs a new block."),
+            (2, "block 2 is B's; a new block comes from the head of the free queue, whatever A's blocks are."),
+        ),
     ),
     "free-queue-after-finish": Prediction(
         "your prediction (the queue's first three)", "free_list_allocation",

@@ -35,6 +35,8 @@ PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#C
            "#FFAABB"]
 FREE, CACHED, EDGE, HIGHLIGHT, SOURCE = "#F4F4F4", "#C9C9C9", "#555555", "#CC0000", "#7B3294"
 NULL = "#3A3A3A"  # the null block: a placeholder, never holds tokens
+CPU_HATCH = ".."  # a table entry on a CPU block (a swapped-out sequence)
+STRIPES = "stripes, xN: shared by N sequences (ref count)"
 
 
 def seq_colors(state: ManagerState, keep: dict | None = None) -> dict:
@@ -108,6 +110,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
 
     fills, outlines, table_edges = _Rects("fills"), _Rects("block_outlines"), _Rects("table_outlines")
     unnamed, hatched = (state.sliding_blocks(named=False) if state.prefix_caching else set()), _Rects("unnamed")
+    on_cpu = _Rects("cpu_entries")  # table entries of a sequence swapped out: dotted, not pale (pale = empty slots)
     x0 = 0.0
     for device in pools:
         blocks = state.device_blocks(device)
@@ -123,10 +126,12 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         x0 += cols[device] + 1
     if table_rows:
         _tables(ax, state, rows_of_tables, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels,
-                pitch, unnamed, hatched)
+                pitch, unnamed, hatched, on_cpu)
     ax.add_collection(fills.collection(zorder=1))
     if hatched.corners:
         ax.add_collection(hatched.collection(zorder=2, filled=False, hatch="////"))
+    if on_cpu.corners:
+        ax.add_collection(on_cpu.collection(zorder=2, filled=False, hatch=CPU_HATCH))
     ax.add_collection(outlines.collection(zorder=3, filled=False))
     ax.add_collection(table_edges.collection(zorder=3, filled=False))
     ax.set_xlim(-2.2 if table_rows else -0.5, width + 0.2)
@@ -139,7 +144,9 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         add_block_map_key(ax.figure, highlight="red outline: the blocks the title is about" if marked else None,
                           source="purple outline: a copy's source" if copied else None,
                           cached=bool(state.prefix_caching), null=state.null_block is not None,
-                          unnamed=bool(unnamed))
+                          unnamed=bool(unnamed), shared=any(b.ref_count > 1 for b in state.blocks),
+                          sequences=colors if show_tables and 0 < len(colors) <= 8 else None,
+                          cpu=any(d == "cpu" for d in state.seq_devices.values()))
     return ax
 
 
@@ -208,9 +215,10 @@ def _table_rows(state) -> list[tuple]:
             for name, table in zip(state.group_names, tables)]
 
 
-def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unnamed=frozenset(), hatched=None):
-    """One row per sequence (and group): entry i is the physical block of logical block i ('c': a CPU block;
-    'null': the null block, for a block that left the sliding window; hatched: an unnamed sliding block)."""
+def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unnamed=frozenset(), hatched=None,
+            on_cpu_entries=None):
+    """One row per sequence (and group): entry i is the physical block of logical block i ('c' and dotted: a CPU
+    block; 'null': the null block, for a block that left the sliding window; hatched: an unnamed sliding block)."""
     ax.text(0, top - 0.35, "block tables", fontsize=9, weight="bold")
     for r, (seq, label, table) in enumerate(rows):
         y = top + r * pitch
@@ -218,18 +226,22 @@ def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unna
         count = "" if labels else f" ({len(table)})"  # large maps: no ids, so say how many entries
         ax.text(-0.1, y + 0.5 * pitch, f"{label}{count}", ha="right", va="center", fontsize=9)
         suffix = "c" if on_cpu else ""
-        color = _lighter(colors[seq], 0.5) if on_cpu else colors[seq]
+        color = colors[seq]
         if not labels:  # large maps: a thin coloured bar per entry (text is slow to render)
             for i, block_id in enumerate(table):
                 fills.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, NULL if block_id == state.null_block else color)
                 if block_id in unnamed and "sliding" in label:
                     hatched.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, EDGE)
+                if on_cpu and on_cpu_entries is not None:
+                    on_cpu_entries.add(i * 0.5, y + 0.3 * pitch, 0.45, 0.4 * pitch, "#777777")
             continue
         for i, block_id in enumerate(table):
             is_null = block_id == state.null_block
             fills.add(i, y + 0.1, CELL, 0.8, NULL if is_null else color)
             if block_id in unnamed and "sliding" in label:
                 hatched.add(i, y + 0.1, CELL, 0.8, EDGE)
+            if on_cpu and on_cpu_entries is not None:
+                on_cpu_entries.add(i, y + 0.1, CELL, 0.8, "#777777")
             outlines.add(i, y + 0.1, CELL, 0.8, EDGE, 0.6)
             ax.text(i + 0.45, y + 0.5, "null" if is_null else f"{block_id}{suffix}", ha="center", va="center",
                     fontsize=7 if is_null else 8, color="white" if is_null else "black", zorder=4)
@@ -237,12 +249,13 @@ def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unna
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
                       ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False,
-                      shared: bool = True, filled: str = "slots with tokens"):
+                      shared: bool = True, filled: str = "slots with tokens", cpu: bool = False):
     """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
     (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
     ends with it shows no legend object; the key is ``fig.legends[-1]``. ``shared=False`` leaves out the stripes'
     entry, for a figure where no block is shared; ``filled`` names the dark slots (e.g. "slots allocated", where a
-    slot is held for a token not yet known)."""
+    slot is held for a token not yet known); ``cpu=True`` adds the mark of a table entry on a CPU block."""
+    from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -252,7 +265,8 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE, label=f"a sequence's block: dark = {filled}"),
                Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale = empty slots"),
                Patch(facecolor=FREE, edgecolor=EDGE, label="free block"),
-               *([blank("stripes, xN: shared by N sequences (ref count)")] if shared else []),
+               *([(Patch(facecolor=PALETTE[0], edgecolor=EDGE), Patch(facecolor=PALETTE[1], edgecolor=EDGE))]
+                 if shared else []),
                blank("#n: place in the free queue (#0 goes next)"),
                blank("top-left number: physical block id"),
                blank("block table entry i: the physical block of logical block i")]
@@ -264,15 +278,19 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
         handles += [Patch(facecolor="white", edgecolor=EDGE, hatch="////", label="hatched: a sliding block with no "
                           "hash (nobody can hit it; freed to the queue's head)"),
                     blank("sliding block not hatched: named (hashed), a later request can resume from it")]
+    if cpu:
+        handles += [Patch(facecolor="white", edgecolor=EDGE, hatch=CPU_HATCH,
+                          label="dotted table entry, Nc: on CPU block N (swapped out)")]
     if sequences:
-        handles += [Patch(facecolor=color, edgecolor=EDGE, label=f"seq {seq_name(seq)}")
+        handles += [Patch(facecolor=color, edgecolor=EDGE, label=f"colour of seq {seq_name(seq)}")
                     for seq, color in sequences.items()]
     if highlight:
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:
         handles.append(Patch(facecolor="none", edgecolor=SOURCE, linewidth=2, label=source))
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False, handlelength=1.4,
-                      bbox_to_anchor=(0.5, -0.02))
+    labels = [STRIPES if isinstance(h, tuple) else h.get_label() for h in handles]
+    fig.legend(handles=handles, labels=labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False,
+               handlelength=1.4, bbox_to_anchor=(0.5, -0.02), handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
 
 
 def key_below(fig, **key_options):
