@@ -105,6 +105,18 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
+    # ----------------------------------- block_table_visualizer
+    "visualizer-free-returns": Prediction(
+        "your prediction (blocks that join the free queue, in order; block 0's ref count)", "block_table_visualizer",
+        hint="a block joins the free queue only when its ref count falls to 0; in which order does a free walk a "
+             "table (notebook 03)?",
+        mistakes=(
+            (([0, 2, 3], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+            (([2, 3], 1), "a free walks B's table from its last block: which of B's blocks joins the queue first?"),
+            (([3, 2, 0], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+        ),
+    ),
+
     # ----------------------------------- vllm_today
     "admission-with-a-hit": Prediction(
         "your prediction (tokens from the cache, tokens this step)", "vllm_today",
