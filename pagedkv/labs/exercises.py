@@ -181,32 +181,39 @@ def _fork_of_a_fork(free_b: bool = True):
 
 
 # ----------------------------------------- beam_search_sharing
-def _whole_block_prompt():
-    """n = 3 samples of 6 tokens from an 8-token prompt (two full blocks), block size 4, on the tiny Llama: the
-    copy-on-write copies over the request, and its peak blocks (the engine's own ``peak_gpu_blocks``)."""
+def _partial_block_prompt():
+    """n = 3 samples of 6 tokens from a 9-token prompt (two full blocks and one token), block size 4, on the tiny
+    Llama: the copy-on-write copies over the request, and its peak blocks (the engine's own ``peak_gpu_blocks``)."""
     from ..decoding import GroupDecoding, synthetic_prompt, tiny_engine
     from ..sampling import SamplingParams
 
     engine = tiny_engine(16, block_size=4, watermark=0.0)
-    group = GroupDecoding(engine, synthetic_prompt(8), SamplingParams(n=3, seed=0, max_tokens=6, ignore_eos=True))
+    group = GroupDecoding(engine, synthetic_prompt(9), SamplingParams(n=3, seed=0, max_tokens=6, ignore_eos=True))
     result = group.run()
     return sum(s.cow_copies for s in result.steps), engine.stats.peak_gpu_blocks
 
 
-def _whole_block_prompt_unshared():
-    """The slip: every sample keeps its own copy of the prompt's blocks (5 of its 6 tokens written)."""
+def _partial_block_prompt_slip(every_writer_copies: bool = False, unshared: bool = False):
+    """The slips: each of the 3 samples copies the partial block (the last writer too), or every sample keeps its
+    own copy of the prompt's blocks (5 of its 6 tokens written)."""
     from ..sizing import blocks_needed
 
-    return 0, 3 * blocks_needed(8 + 5, 4)
+    if unshared:
+        return 2, 3 * blocks_needed(9 + 5, 4)
+    return 3, 2 + 1 + 3 * 2  # two shared full blocks, the partial block kept by nobody, and each sample's own two
 
 
-def _parallel_savings_sharegpt_like():
-    """n = 4 samples of 336 tokens from a 160-token prompt, blocks of 16, no EOS, replayed on the block manager
-    as the engine drives it (``replayed_parallel_savings``); ``sharing_savings("parallel", 4, 160, 336)`` gives
-    the same number on the tiny Llama, slowly."""
+def _parallel_savings_sharegpt_like(limit: bool = True):
+    """A 160-token prompt, 336 output tokens, blocks of 16, no EOS: the smallest ``n`` whose saving at the peak
+    (replayed on the block manager as the engine drives it, ``replayed_parallel_savings``) reaches 25 %, and the
+    saving's limit as ``n`` grows: the prompt's full blocks over the blocks a sample holds at the peak."""
     from ..decoding import replayed_parallel_savings
+    from ..sizing import blocks_needed
 
-    return replayed_parallel_savings(4, 160, 336)
+    n = 2
+    while replayed_parallel_savings(n, 160, 336) < 0.25:
+        n += 1
+    return n, (160 // 16) / blocks_needed(160 + 335, 16)
 
 
 def _pruned_beam():
@@ -940,23 +947,25 @@ EXERCISES: dict[str, Exercise] = {
                       hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
                            "sequence drops one from each of its blocks. A write copies a partly filled block only "
                            "while someone else still holds it, and the writer's reference moves to the copy."),
-    "whole-block-prompt": Exercise("(copy-on-write copies over the request, peak blocks in use)",
-                      notebook="beam_search_sharing", expected=_whole_block_prompt,
-                      mistakes=((_whole_block_prompt_unshared, "you counted the prompt's blocks once per sample; "
-                                 "the samples are forked from one prompt and share its blocks."),),
-                      hint="a copy is made only when a sample writes into a shared block that has free slots: does "
-                           "this prompt leave one? For the peak, the last step allocates a slot for every sample's "
-                           "previous token; the token it samples last is never written."),
+    "partial-block-prompt": Exercise("(copy-on-write copies over the request, peak blocks in use)",
+                      notebook="beam_search_sharing", expected=_partial_block_prompt,
+                      mistakes=((lambda: _partial_block_prompt_slip(every_writer_copies=True), "the last sample to "
+                                 "write finds the block's ref count back at 1: does it still need a copy?"),
+                                (lambda: _partial_block_prompt_slip(unshared=True), "you counted the prompt's full "
+                                 "blocks once per sample; the samples are forked from one prompt and share them.")),
+                      hint="a write copies a shared, partly filled block while someone else still holds it, and the "
+                           "writer's reference moves to the copy (notebook 05). For the peak, the last step "
+                           "allocates a slot for every sample's previous token; the token it samples last is never "
+                           "written."),
     "pruned-beam": Exercise("(blocks freed by pruning Y, blocks in use after the step)",
                       notebook="beam_search_sharing", expected=_pruned_beam,
                       hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
                            "both survivors write into a full block."),
-    "parallel-sampling-savings": Exercise("savings",
+    "parallel-sampling-savings": Exercise("(smallest n saving 25 %, the saving's limit as n grows)",
                       notebook="beam_search_sharing", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
-                      hint="find the step with the most blocks, and count the tokens each sample has a slot for "
-                           "then (is the last sampled token ever written?). With sharing, the prompt's full blocks "
-                           "are held once; without, once per sample. Does a sample's first output token start a "
-                           "block of its own, or share one with the prompt?"),
+                      hint="write the saving at the peak as a formula in n: count the blocks one sample holds then "
+                           "(is the last sampled token ever written?), and which of them the samples hold once. "
+                           "Then solve for 25 %, and let n grow."),
     "visualizer-append-slot": Exercise("(the slot of A's new token, blocks in use)",
                       notebook="block_table_visualizer", expected=_tour_append_slot,
                       mistakes=((lambda: _tour_append_slot(shared=True), "you copied block 1 before writing; B's "

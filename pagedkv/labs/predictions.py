@@ -125,6 +125,47 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
+    "parallel-first-write": Prediction(
+        "your prediction (blocks after the prefill, copies, blocks with sharing, without)", "beam_search_sharing",
+        hint="a fork adds references, not blocks. At the first write, a shared block with free slots is copied for "
+             "a writer only while someone else still holds it (notebook 05); without sharing, each sample holds "
+             "the whole prompt's blocks itself.",
+        mistakes=(
+            ((2, 4, 6, 8), "the fourth sample to write finds the block's ref count back at 1: it writes in place."),
+            ((8, 3, 5, 8), "after the fork the samples' tables point at the same physical blocks: count blocks, "
+                           "not table entries."),
+        ),
+    ),
+    "beam-first-drop": Prediction(
+        "your prediction (copies at step 2, the step of the first drop)", "beam_search_sharing",
+        hint="v0 gives every live beam a slot for its next token when it schedules a step, before sampling decides "
+             "which beams survive. At the end of step 1 all four beams come from the one prompt: what do their "
+             "2k proposals each look like at step 2?",
+        mistakes=(
+            ((0, 2), "the beams forked at step 1 share the prompt's partly filled block, and each writes into it at "
+                     "step 2."),
+            ((4, 2), "the last beam to write finds the block's ref count back at 1: it writes in place."),
+        ),
+    ),
+    "whole-run-savings": Prediction(
+        "your prediction (parallel sampling's saving, beam search's)", "beam_search_sharing",
+        hint="parallel samples share the prompt's full blocks and nothing else: how many is that, against the "
+             "blocks the four samples hold at the end? Beams also share what the beams they descend from "
+             "generated.",
+    ),
+
+    # ----------------------------------- block_table_visualizer
+    "visualizer-free-returns": Prediction(
+        "your prediction (blocks that join the free queue, in order; block 0's ref count)", "block_table_visualizer",
+        hint="a block joins the free queue only when its ref count falls to 0; in which order does a free walk a "
+             "table (notebook 03)?",
+        mistakes=(
+            (([0, 2, 3], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+            (([2, 3], 1), "a free walks B's table from its last block: which of B's blocks joins the queue first?"),
+            (([3, 2, 0], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+        ),
+    ),
+
     # ----------------------------------- vllm_today
     "admission-with-a-hit": Prediction(
         "your prediction (tokens from the cache, tokens this step)", "vllm_today",
