@@ -975,9 +975,9 @@ EXERCISES: dict[str, Exercise] = {
                       cases=((1.0, 2.0, 0.5, 3.0, 1.0, -1.0), (0.0, 1.0, 2.0, 0.0, 3.0, 4.0),
                              (800.0, 1.5, 0.25, 790.0, 4.0, 2.0), (-2.0, 5.0, 1.0, 2.5, 0.5, -3.0),
                              (3.0, 2.0, 0.0, -40.0, 7.0, 10.0)),
-                      hint="bring both parts to the larger of the two maxima before adding them (exp of a "
-                           "difference, never of a logit alone); an unnormalised accumulator scales like its sum, "
-                           "and nothing is divided until the very end."),
+                      hint="each part's s and acc were computed against its own max: what happens to every one "
+                           "of their terms when the max they are measured from changes? Take exp only of a "
+                           "difference, never of a logit alone (section 3)."),
     "preemption-victim": Exercise("(victim, still running)", notebook="scheduler", expected=_preemption_replay,
                       hint="the most recently *arrived* running request goes first; walk the others oldest first, "
                            "each freed block serving one of them."),
