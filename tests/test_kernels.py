@@ -156,6 +156,15 @@ def test_v1_and_v2_can_be_forced(flavour):
                                atol=TOL[torch.float16], rtol=TOL[torch.float16])
 
 
+def test_paged_attention_takes_a_flavour_on_the_cuda_backend_only():
+    case = make_case([3, 10], num_heads=4, num_kv_heads=2, head_size=8, block_size=4)
+    for flavour in ("vllm", "vllm-gqa"):
+        out = paged_attention(*case, backend="cuda", partition_size=0, flavour=flavour)
+        torch.testing.assert_close(out, sdpa(*case), atol=TOL[torch.float32], rtol=TOL[torch.float32])
+    with pytest.raises(PagedKVValueError, match="needs backend='cuda'"):
+        paged_attention(*case, backend="cpu", flavour="vllm")
+
+
 def test_forced_v1_refuses_what_its_shared_memory_cannot_hold():
     case = make_case([9000], num_heads=1, num_kv_heads=1, head_size=8, block_size=16)
     with pytest.raises(ValueError, match="partition_size=0 forces v1"):

@@ -26,6 +26,7 @@ attends.  Which file teaches what:
 
 from __future__ import annotations
 
+from ..errors import PagedKVValueError
 from .backend import configure_cuda_mode
 
 CUDA_MODE = configure_cuda_mode(announce=False)  # said at the first CUDA launch (backend.announce_simulator)
@@ -51,7 +52,7 @@ def resolve_backend(backend: str = "auto") -> str:
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale=None, *,
-                    backend="auto", partition_size=None):
+                    backend="auto", partition_size=None, flavour=None):
     """One decode step of attention over a paged KV cache.
 
     ``query [num_seqs, num_heads, head_size]``; caches ``[num_blocks, block_size,
@@ -59,16 +60,19 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale
     ``seq_lens int32 [num_seqs]``.  Returns ``[num_seqs, num_heads, head_size]`` in
     the query's dtype.  ``partition_size`` (a multiple of block_size, at most 8192)
     selects the partitioned v2 kernel on the ``"cuda"`` backend, ``0`` forces v1, and
-    ``None`` picks as vLLM does.  On a GPU the
+    ``None`` picks as vLLM does.  ``flavour`` (``"cuda"`` only) picks the kernel's thread mapping: ``"tree"``
+    (the teaching kernel), ``"vllm"`` (the paper's, a thread block per query head) or ``"vllm-gqa"`` (a thread
+    block per KV head); ``None`` picks as the launcher does.  On a GPU the
     kernels run on the tensors' device, on torch's current stream.
     """
     shape = check_attention_args(query, key_cache, value_cache, block_tables, seq_lens, scale,
                                  backend, partition_size)
-    return run_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape, backend, partition_size)
+    return run_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape, backend, partition_size,
+                               flavour)
 
 
 def run_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape, backend="auto",
-                        partition_size=None):
+                        partition_size=None, flavour=None):
     """``paged_attention`` after its checks, with ``shape`` from ``check_attention_args``.
 
     For a caller that checks once and launches many times: the engine runs every layer of a step on the same
@@ -79,13 +83,16 @@ def run_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, s
     # Attention reads values; autograd history on an input must not reach the kernels (or the caches).
     query, key_cache, value_cache = query.detach(), key_cache.detach(), value_cache.detach()
     backend = resolve_backend(backend)
+    if flavour is not None and backend != "cuda":
+        raise PagedKVValueError(f"flavour={flavour!r} picks a CUDA kernel's thread mapping; it needs backend='cuda', "
+                                f"not {backend!r}.")
     if backend == "torch":
         return reference_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, shape.scale)
     if backend == "cpu":
         tensors = [t.cpu() for t in (query, key_cache, value_cache, block_tables, seq_lens)]
         return paged_attention_cpu(*tensors, shape.scale).to(query.device)
     return paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, shape, CUDA_MODE,
-                                partition_size)
+                                partition_size, flavour)
 
 
 __all__ = ["CUDA_MODE", "paged_attention", "reference_paged_attention", "resolve_backend", "gather_kv",

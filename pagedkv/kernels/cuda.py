@@ -191,6 +191,14 @@ def max_v1_tokens(flavour: str, num_queries_per_kv: int) -> int:
     return MAX_V1_TOKENS // heads_per_block(flavour, num_queries_per_kv)
 
 
+def uses_v1(num_seqs: int, num_heads: int, max_seq_len: int, v1_limit: int = MAX_V1_TOKENS) -> bool:
+    """vLLM 0.6.3's choice (``use_v1`` in ``vllm/attention/ops/paged_attn.py``): v1 when the longest sequence fits
+    (8,192 tokens there) and either one 512-token partition covers it or more than 512 (sequence, head) pairs keep
+    the GPU busy; otherwise v2."""
+    max_partitions = -(-max_seq_len // PARTITION_SIZE)
+    return max_seq_len <= v1_limit and (max_partitions == 1 or num_seqs * num_heads > 512)
+
+
 def _default_flavour(shape, dtype: torch.dtype, simulator: bool, partition_size: int | None = None) -> str:
     """The simulator runs the teaching kernel.  A GPU runs the grouped vLLM-shaped one when it can split these
     sizes and hold a group's logits (a forced v1 over a long context needs the per-head one)."""
@@ -264,8 +272,7 @@ def paged_attention_cuda(query, key_cache, value_cache, block_tables, seq_lens, 
                 f"sequence has {shape.max_seq_len}; leave partition_size=None (v2) or use flavour='vllm'.")
         partition_size = None
     elif partition_size is None:  # vLLM's rule: v1 unless the context is long and the grid is small
-        max_partitions = -(-shape.max_seq_len // PARTITION_SIZE)
-        use_v1 = shape.max_seq_len <= v1_limit and (max_partitions == 1 or shape.num_seqs * shape.num_heads > 512)
+        use_v1 = uses_v1(shape.num_seqs, shape.num_heads, shape.max_seq_len, v1_limit)
         partition_size = None if use_v1 else PARTITION_SIZE
     scale, group = np.float32(shape.scale), np.int32(shape.num_queries_per_kv)
 

@@ -982,16 +982,16 @@ EXERCISES: dict[str, Exercise] = {
                       notebook="paged_attention_kernel", solution=lane_work, reference=_kernel_lane_work,
                       cases=((0, 16, 16), (5, 16, 16), (31, 16, 16), (13, 8, 32), (7, 32, 32), (3, 64, 32),
                              (9, 1, 64), (30, 4, 8)),
-                      hint="first find the group size, the group (lane // group size) and the rank in the group; "
-                           "a group's tokens step by the number of groups in a warp, a rank's words by the group "
-                           "size."),
+                      hint="first find the group size (never under one lane), the lane's group and its rank in "
+                           "the group. How many groups fit in a warp? When a block has more tokens than that, which "
+                           "token does group 0 take after token 0? And which word does rank 0 load after word 0?"),
     "softmax-merge": Exercise("merge", notebook="paged_attention_kernel", solution=merge,
                       cases=((1.0, 2.0, 0.5, 3.0, 1.0, -1.0), (0.0, 1.0, 2.0, 0.0, 3.0, 4.0),
                              (800.0, 1.5, 0.25, 790.0, 4.0, 2.0), (-2.0, 5.0, 1.0, 2.5, 0.5, -3.0),
                              (3.0, 2.0, 0.0, -40.0, 7.0, 10.0)),
-                      hint="bring both parts to the larger of the two maxima before adding them (exp of a "
-                           "difference, never of a logit alone); an unnormalised accumulator scales like its sum, "
-                           "and nothing is divided until the very end."),
+                      hint="each part's s and acc were computed against its own max: what happens to every one "
+                           "of their terms when the max they are measured from changes? Take exp only of a "
+                           "difference, never of a logit alone (section 3)."),
     "preemption-victim": Exercise("(victim, still running)", notebook="scheduler", expected=_preemption_replay,
                       hint="the most recently *arrived* running request goes first; walk the others oldest first, "
                            "each freed block serving one of them."),
@@ -1037,8 +1037,8 @@ EXERCISES: dict[str, Exercise] = {
                                  "of query rows; cu_seqlens_q is their running sum, starting at 0."),
                                 (lambda: _next_step_metadata(causal_offset=False), "you counted only the keys "
                                  "written in this step; a row also reads every key earlier steps wrote.")),
-                      hint="the budget serves the three decodes first; the long prompt's rows sit after the tokens "
-                           "its two earlier chunks computed, and each row reads every key up to its own position."),
+                      hint="who takes the budget first, and how much of the prompt is left after its two chunks? "
+                           "Then apply section 1's rule to every row: where does it sit, and which keys does it read?"),
     "cached-prompt-tokens": Exercise("cached prompt tokens", notebook="tiny_vllm", expected=_cached_prompt_tokens,
                       hint="count the full blocks made only of the shared 45 bytes."),
     "peak-blocks-alone": Exercise("peak blocks", notebook="tiny_vllm", expected=_peak_blocks_alone,

@@ -166,6 +166,56 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
+    # ----------------------------------- paged_attention_kernel
+    "decode-grid-blocks": Prediction(
+        "your prediction (thread blocks in the grid, thread blocks loading KV head 1 of sequence 0)",
+        "paged_attention_kernel",
+        hint="the grid has one thread block per what? Then: which query heads read KV head 1, and does each one "
+             "have a thread block of its own?",
+        mistakes=(
+            ((4, 2), "that is one sequence's thread blocks: the grid is (num_heads, num_seqs)."),
+            ((8, 1), "that is one thread block per (KV head, sequence): the teaching kernel gives every query head "
+                     "its own."),
+            ((16, 1), "each query head has its own thread block, and every one of them loads its KV head's keys."),
+        ),
+    ),
+    "warp-blocks-and-loads": Prediction(
+        "your prediction (warp 1's logical blocks, 8-byte loads per lane per token)", "paged_attention_kernel",
+        hint="how many blocks do 100 tokens fill, and how do 4 warps take them in turn? Then: how many 8-byte words "
+             "is one key row, and how many lanes share a token?",
+        mistakes=(
+            (([1, 5], 32), "a token's row is split among its thread group's lanes: how many lanes is a group at "
+                           "block size 16?"),
+            (([1], 16), "100 tokens fill 7 blocks: after warps 0-3 have taken one each, they go round again."),
+            (([4, 5, 6], 16), "warps take blocks in turn (round-robin), not in runs."),
+        ),
+    ),
+    "gqa-blocks-and-reads": Prediction(
+        "your prediction ((vllm: thread blocks per sequence, loads of KV head 0), (vllm-gqa: the same))",
+        "paged_attention_kernel",
+        hint="what does one thread block compute in each flavour: one query head, or a KV head with all its query "
+             "heads? Every thread block that needs KV head 0 loads it itself.",
+        mistakes=(
+            (((8, 1), (2, 1)), "a vllm thread block computes one query head: four of them need KV head 0, and none "
+                               "shares its loads with another."),
+            (((8, 4), (2, 4)), "a vllm-gqa thread block loads each word once and multiplies it into all of its "
+                               "group's dot products."),
+            (((2, 4), (8, 1)), "the vllm flavour is the one with a thread block per query head."),
+        ),
+    ),
+    "v1-or-v2-rule": Prediction(
+        "your prediction (v1 or v2, for each of the three batches)", "paged_attention_kernel",
+        hint="take the rule one test at a time: does the longest sequence fit v1? Does one 512-token partition "
+             "cover it? If not, how many (sequence, head) pairs are there?",
+        mistakes=(
+            (("v1", "v1", "v2"), "600 tokens need two 512-token partitions, and 4 x 32 = 128 (sequence, head) pairs "
+                                 "would leave most of a GPU idle under v1."),
+            (("v2", "v2", "v2"), "64 x 32 = 2,048 (sequence, head) pairs already fill the GPU: there v1 is kept."),
+            (("v2", "v1", "v1"), "a 9,000-token context does not fit v1's 8,192 tokens of logits, whatever the "
+                                 "batch."),
+        ),
+    ),
+
     # ----------------------------------- vllm_today
     "admission-with-a-hit": Prediction(
         "your prediction (tokens from the cache, tokens this step)", "vllm_today",
@@ -234,6 +284,39 @@ PREDICTIONS: dict[str, Prediction] = {
         "D's block table", "vllm_today",
         hint="write the queue after both frees first (last block first, head or tail by hash), then take 8 from its "
              "head.",
+    ),
+
+    # ----------------------------------- unified_attention
+    "chunk-row-keys": Prediction(
+        "your prediction ((first, last) key position row 0 reads, the row that reads the most)", "unified_attention",
+        hint="which token of a is row 0? It reads every key up to its own position, and none the step writes "
+             "after it.",
+        mistakes=(
+            (((0, 12), 4), "row 0 is a's token 8: the mask cuts the keys after its position, though this step "
+                           "wrote them."),
+            (((0, 7), 4), "a row reads its own key too: j <= position."),
+            (((8, 12), 4), "a chunk's rows read the context earlier steps wrote as well, from key 0."),
+        ),
+    ),
+    "decode-tile-bytes": Prediction(
+        "your prediction (bytes of K/V per (query head, key): decode tile, prefill tile)", "unified_attention",
+        hint="one key brings a K row and a V row of head_size fp16 values; how many (query head) rows share them "
+             "in each tile?",
+        mistakes=(
+            ((256, 16), "a key brings its K row and its V row: 2 x 128 values of 2 bytes each."),
+            ((512, 512), "a prefill tile stages each page once for its 16 query rows: they share the bytes."),
+        ),
+    ),
+    "second-chunk-first-row": Prediction(
+        "your prediction (position of the prompt's first row in its second step, keys it reads)",
+        "unified_attention",
+        hint="the budget is 16 a step and the running decodes go first: how many of the prompt's tokens did its "
+             "first step compute? A row reads every key up to its own position.",
+        mistakes=(
+            ((16, 17), "the three decodes take their tokens of the 16 first, in the prompt's first step too."),
+            ((13, 13), "a row reads its own key too: keys 0 to its position."),
+            ((13, 26), "the mask cuts the keys after the row's position, though this step wrote them."),
+        ),
     ),
 
     # ----------------------------------- tiny_vllm

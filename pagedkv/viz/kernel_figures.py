@@ -108,8 +108,11 @@ def kernel_mapping_figure(block_table, seq_len: int, num_heads: int, num_seqs: i
     for lane in range(WARP_SIZE):
         group = lane // group_size
         _box(ax, lane * cell, y0 - 6, cell * 0.92, 4, str(lane), PALETTE[group % len(PALETTE)], size=8)
-    ax.text(0, y0 - 8.5, "lanes, coloured by thread group", fontsize=9, va="top")
     tokens_shown = min(block_size, groups_per_warp, 8)
+    tokens_started = min(block_size, groups_per_warp)
+    rest = (f"; groups {tokens_shown}-{tokens_started - 1} take tokens {tokens_shown}-{tokens_started - 1} "
+            f"(not drawn)") if tokens_started > tokens_shown else ""
+    ax.text(0, y0 - 8.5, "lanes, coloured by thread group" + rest, fontsize=9, va="top")
     for t in range(tokens_shown):
         x = t * 12.5
         _box(ax, x, 6, 11.5, 6, f"token {t}\n{words} words", PALETTE[t % len(PALETTE)], size=8.5)
@@ -321,8 +324,9 @@ def unified_estimates_text(rows: list[dict]) -> str:
         queries = "1 query" if row["block_q"] == 1 else f"{row['block_q']} queries"
         heads = "1 head" if row["gqa"] == 1 else f"{row['gqa']} heads"
         tile = f"{row['tile']} tile ({queries} x {heads}):"
+        kv_bytes = 2 * row["head_size"] * 2 // (row["block_q"] * row["gqa"])  # K and V, fp16, shared by the tile
         lines.append(f"  {tile:<34} {loops['K']:4.1f} K + {loops['V']:4.1f} V + {loops['load']:3.1f} page loads = "
-                     f"{total:4.1f} per (query head, key), issue allows "
+                     f"{total:4.1f} per (query head, key), on {kv_bytes:3d} bytes of K/V: issue allows "
                      f"{hbm_fraction(total, row['head_size'], row['block_q'] * row['gqa']):4.0%} of H100 HBM")
     return "\n".join(lines)
 
@@ -353,8 +357,11 @@ def static_estimates_figure(rows: list[dict]):
     ax.set_xlabel("bytes of K/V per warp instruction (per query head and token)", fontsize=9)
     ax.set_ylabel("TB/s the kernel could stream", fontsize=9)
     ax.set_title("Static estimate, not measured: SASS loop counts on an issue-rate model", fontsize=10)
+    ax.set_yticks([0.1, 0.3, 1, H100_HBM_BYTES_PER_S / 1e12], ["0.1", "0.3", "1", "3.35"])
+    ax.set_yticks([], minor=True)
     ax.tick_params(labelsize=8.5)
-    ax.legend(fontsize=8.5, loc="lower right")
+    ax.legend(fontsize=8.5, loc="lower right", title="vllm-gqa, gqa 1: the vllm point (same kernel)",
+              title_fontsize=8.5)
     fig.tight_layout()
     return fig
 
