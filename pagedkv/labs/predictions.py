@@ -89,6 +89,43 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="count the system prompts' blocks, then the most one request adds beyond its own system prompt.",
     ),
 
+    # ----------------------------------- copy_on_write_forks
+    "fork-blocks-and-ref-counts": Prediction(
+        "your prediction (GPU blocks in use, ref counts of blocks 0 and 1)", "copy_on_write_forks",
+        hint="what does a fork give the child: new blocks, or entries that point at the parent's blocks?",
+        mistakes=(
+            ((2 + 2, [1, 1, 1, 1]), "that copies the parent's blocks; a fork copies the block table only."),
+            ((2, [1, 1]), "the blocks did not move, but how many sequences hold each one now?"),
+        ),
+    ),
+    "first-write-copy": Prediction(
+        "your prediction (the copies the child's append returns)", "copy_on_write_forks",
+        hint="which block receives the new token, who else holds it, and which block does the free queue hand out "
+             "next?",
+        mistakes=(
+            ([], "block 1 has room, but is the child the only one that holds it?"),
+            ([(2, 1)], "a pair is (src, dst): the block copied from comes first."),
+            ([(0, 2), (1, 3)], "only the block the new token is written into is copied; block 0 receives nothing."),
+        ),
+    ),
+    "full-block-fork-copies": Prediction(
+        "your prediction (the copies the child's append returns)", "copy_on_write_forks",
+        hint="which block receives the child's token: one of the shared blocks, or another?",
+        mistakes=(
+            ([(1, 3)], "block 1 has no empty slot: is the child's token written into it?"),
+        ),
+    ),
+    "fan-out-tokens-computed": Prediction(
+        "your prediction (prompt tokens each child computes, GPU blocks in use)", "copy_on_write_forks",
+        hint="a child finds only blocks that have a name (notebook 04): which of the prompt's blocks get one, and "
+             "when?",
+        mistakes=(
+            (([6, 6, 6], 3 * 2), "the children are admitted one after another, and the first child's blocks are "
+             "named when they are allocated: what can the second child find?"),
+            (([6, 0, 0], 2), "a hit takes only named blocks: is the prompt's partly filled block named?"),
+        ),
+    ),
+
     # ----------------------------------- beam_search_sharing
     "beam-step-tokens-computed": Prediction(
         "your prediction (tokens computed in step 2, in step 3)", "beam_search_sharing",

@@ -235,6 +235,9 @@ def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unna
                     fontsize=7 if is_null else 8, color="white" if is_null else "black", zorder=4)
 
 
+STRIPES = "stripes, xN: shared by N sequences (ref count)"
+
+
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
                       ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False,
                       shared: bool = True, filled: str = "slots with tokens"):
@@ -243,6 +246,7 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     ends with it shows no legend object; the key is ``fig.legends[-1]``. ``shared=False`` leaves out the stripes'
     entry, for a figure where no block is shared; ``filled`` names the dark slots (e.g. "slots allocated", where a
     slot is held for a token not yet known)."""
+    from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -252,7 +256,8 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE, label=f"a sequence's block: dark = {filled}"),
                Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale = empty slots"),
                Patch(facecolor=FREE, edgecolor=EDGE, label="free block"),
-               *([blank("stripes, xN: shared by N sequences (ref count)")] if shared else []),
+               *([(Patch(facecolor=PALETTE[0], edgecolor=EDGE), Patch(facecolor=PALETTE[1], edgecolor=EDGE))]
+                 if shared else []),
                blank("#n: place in the free queue (#0 goes next)"),
                blank("top-left number: physical block id"),
                blank("block table entry i: the physical block of logical block i")]
@@ -271,8 +276,9 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:
         handles.append(Patch(facecolor="none", edgecolor=SOURCE, linewidth=2, label=source))
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False, handlelength=1.4,
-                      bbox_to_anchor=(0.5, -0.02))
+    labels = [STRIPES if isinstance(h, tuple) else h.get_label() for h in handles]
+    fig.legend(handles=handles, labels=labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False,
+               handlelength=1.4, bbox_to_anchor=(0.5, -0.02), handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
 
 
 def key_below(fig, **key_options):
