@@ -63,8 +63,14 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="a block's name hashes its parent's name: what happens to every name after a changed one?",
     ),
     "second-request-cached-tokens": Prediction(
-        "your prediction (req1's cached tokens)", "prefix_caching",
-        hint="which of req1's blocks are full, and which of those has req0 named already?",
+        "your prediction (req1's cached tokens, req1's block table)", "prefix_caching",
+        hint="which of req1's blocks are full, and which of those has req0 named already? How many blocks does req0 "
+             "hold, and where do req1's other blocks come from?",
+        mistakes=(
+            ((12, [0, 1, 2, 3, 4]), "req1 takes references only on the blocks the cache finds; its question goes "
+             "into blocks of its own."),
+            ((16, [0, 1, 2, 3, 4]), "req0's fourth block holds req0's question: is req1's fourth block the same?"),
+        ),
     ),
     "full-hit-cap": Prediction(
         "your prediction (tokens served: 8-token, 9-token prompt)", "prefix_caching",
@@ -85,8 +91,15 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="how many of turn 1's 21 tokens have K/V, and how many full blocks do they fill?",
     ),
     "shared-system-prompt-blocks": Prediction(
-        "your prediction (blocks)", "prefix_caching",
-        hint="count the system prompts' blocks, then the most one request adds beyond its own system prompt.",
+        "your prediction (the first pool size at the ceiling)", "prefix_caching",
+        hint="which freed blocks join the queue's tail behind a system prompt, and how many requests arrive "
+             "between two uses of the rarest prompt?",
+        mistakes=(
+            (48, "48 blocks hold the 32 system-prompt blocks and one request at a time; but what else does a freed "
+                 "request leave in the queue, and at which end?"),
+            (64, "64 blocks hold the system prompts twice over; but what else does a freed request leave in the "
+                 "queue, and at which end?"),
+        ),
     ),
 
     # ----------------------------------- copy_on_write_forks
