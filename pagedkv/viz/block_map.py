@@ -138,7 +138,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     if key:
         add_block_map_key(ax.figure, highlight="red outline: the blocks the title is about" if marked else None,
                           source="purple outline: a copy's source" if copied else None,
-                          cached=bool(state.prefix_caching), null=state.null_block is not None,
+                          cached=any(b.is_free and b.block_hash for b in state.blocks),
+                          null=state.null_block is not None,
                           unnamed=bool(unnamed))
     return ax
 
