@@ -157,12 +157,16 @@ def _longest_prompts(watermark: float = 0.05):
 
 # ----------------------------------------- copy_on_write_forks
 def _child_append_copies():
+    """A 5-token sequence forked; the child appends 4 tokens in one call: the blocks copied from, and the blocks in
+    use after. Both leave out the new blocks' ids, which depend on the order a manager takes them in (pagedkv copies
+    first; v0.6.3's ``BlockTable.append_token_ids`` takes the fresh block first), so the answer holds for both."""
     from ..manager import BlockSpaceManager
 
     manager = BlockSpaceManager(4, 10)
     manager.allocate("p", range(5))
     manager.fork("p", "c")
-    return manager.append_slots("c", range(4))
+    copies = manager.append_slots("c", range(4))
+    return sorted(src for src, _ in copies), manager.num_total_gpu_blocks - manager.num_free_gpu_blocks
 
 
 def _fork_of_a_fork(free_b: bool = True):
@@ -937,9 +941,17 @@ EXERCISES: dict[str, Exercise] = {
                                  "took fresh blocks from the head of the free queue: which blocks were there?")),
                       hint="new blocks come from the free queue's head; A's partial block went to the head, its named "
                            "blocks to the tail last block first; a hit counts only up to its first missing block."),
-    "child-append-copies": Exercise("copies", notebook="copy_on_write_forks", expected=_child_append_copies,
-                      hint="only a shared block that is partly filled is copied before a write; where do the "
-                           "tokens go after the copy is full?"),
+    "child-append-copies": Exercise("(blocks copied from, blocks in use)", notebook="copy_on_write_forks",
+                      expected=_child_append_copies,
+                      mistakes=((lambda: ([], 3), "no copy in your answer: the append runs past block 1, but where do "
+                                 "its first tokens go, and who else holds that block?"),
+                                (lambda: ([0, 1], 5), "block 0 is full and receives no token: only a shared block "
+                                 "that is written into is copied."),
+                                (lambda: ([1], 3), "count every block someone holds, the parent's included: does the "
+                                 "parent give up anything when the child copies?")),
+                      hint="which of the child's blocks receive the 4 new tokens, and which of those is shared? Then "
+                           "how many slots do the 4 tokens need beyond it, and which blocks does each sequence "
+                           "hold at the end?"),
     "fork-of-a-fork": Exercise("(block 1's ref count before C's append, C's copies, A's copies)",
                       notebook="copy_on_write_forks", expected=_fork_of_a_fork,
                       mistakes=((lambda: _fork_of_a_fork(free_b=False), "B still holds its references in your "

@@ -83,8 +83,14 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="a block's name hashes its parent's name: what happens to every name after a changed one?",
     ),
     "second-request-cached-tokens": Prediction(
-        "your prediction (req1's cached tokens)", "prefix_caching",
-        hint="which of req1's blocks are full, and which of those has req0 named already?",
+        "your prediction (req1's cached tokens, req1's block table)", "prefix_caching",
+        hint="which of req1's blocks are full, and which of those has req0 named already? How many blocks does req0 "
+             "hold, and where do req1's other blocks come from?",
+        mistakes=(
+            ((12, [0, 1, 2, 3, 4]), "req1 takes references only on the blocks the cache finds; its question goes "
+             "into blocks of its own."),
+            ((16, [0, 1, 2, 3, 4]), "req0's fourth block holds req0's question: is req1's fourth block the same?"),
+        ),
     ),
     "full-hit-cap": Prediction(
         "your prediction (tokens served: 8-token, 9-token prompt)", "prefix_caching",
@@ -105,8 +111,52 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="how many of turn 1's 21 tokens have K/V, and how many full blocks do they fill?",
     ),
     "shared-system-prompt-blocks": Prediction(
-        "your prediction (blocks)", "prefix_caching",
-        hint="count the system prompts' blocks, then the most one request adds beyond its own system prompt.",
+        "your prediction (the first pool size at the ceiling)", "prefix_caching",
+        hint="which freed blocks join the queue's tail behind a system prompt, and how many requests arrive "
+             "between two uses of the rarest prompt?",
+        mistakes=(
+            (48, "48 blocks hold the 32 system-prompt blocks and one request at a time; but what else does a freed "
+                 "request leave in the queue, and at which end?"),
+            (64, "64 blocks hold the system prompts twice over; but what else does a freed request leave in the "
+                 "queue, and at which end?"),
+        ),
+    ),
+
+    # ----------------------------------- copy_on_write_forks
+    "fork-blocks-and-ref-counts": Prediction(
+        "your prediction (GPU blocks in use, ref counts of blocks 0 and 1)", "copy_on_write_forks",
+        hint="what does a fork give the child: new blocks, or entries that point at the parent's blocks?",
+        mistakes=(
+            ((2 + 2, [1, 1, 1, 1]), "that copies the parent's blocks; a fork copies the block table only."),
+            ((2, [1, 1]), "the blocks did not move, but how many sequences hold each one now?"),
+        ),
+    ),
+    "first-write-copy": Prediction(
+        "your prediction (the copies the child's append returns)", "copy_on_write_forks",
+        hint="which block receives the new token, who else holds it, and which block does the free queue hand out "
+             "next?",
+        mistakes=(
+            ([], "block 1 has room, but is the child the only one that holds it?"),
+            ([(2, 1)], "a pair is (src, dst): the block copied from comes first."),
+            ([(0, 2), (1, 3)], "only the block the new token is written into is copied; block 0 receives nothing."),
+        ),
+    ),
+    "full-block-fork-copies": Prediction(
+        "your prediction (the copies the child's append returns)", "copy_on_write_forks",
+        hint="which block receives the child's token: one of the shared blocks, or another?",
+        mistakes=(
+            ([(1, 3)], "block 1 has no empty slot: is the child's token written into it?"),
+        ),
+    ),
+    "fan-out-tokens-computed": Prediction(
+        "your prediction (prompt tokens each child computes, GPU blocks in use)", "copy_on_write_forks",
+        hint="a child finds only blocks that have a name (notebook 04): which of the prompt's blocks get one, and "
+             "when?",
+        mistakes=(
+            (([6, 6, 6], 3 * 2), "the children are admitted one after another, and the first child's blocks are "
+             "named when they are allocated: what can the second child find?"),
+            (([6, 0, 0], 2), "a hit takes only named blocks: is the prompt's partly filled block named?"),
+        ),
     ),
 
     # ----------------------------------- beam_search_sharing

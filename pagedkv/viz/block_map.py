@@ -143,7 +143,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     if key:
         add_block_map_key(ax.figure, highlight="red outline: the blocks the title is about" if marked else None,
                           source="purple outline: a copy's source" if copied else None,
-                          cached=bool(state.prefix_caching), null=state.null_block is not None,
+                          cached=any(b.is_free and b.block_hash for b in state.blocks),
+                          null=state.null_block is not None,
                           unnamed=bool(unnamed), shared=any(b.ref_count > 1 for b in state.blocks),
                           sequences=colors if show_tables and 0 < len(colors) <= 8 else None,
                           cpu=any(d == "cpu" for d in state.seq_devices.values()))
@@ -245,6 +246,9 @@ def _tables(ax, state, rows, colors, top, fills, outlines, labels, pitch=1, unna
             outlines.add(i, y + 0.1, CELL, 0.8, EDGE, 0.6)
             ax.text(i + 0.45, y + 0.5, "null" if is_null else f"{block_id}{suffix}", ha="center", va="center",
                     fontsize=7 if is_null else 8, color="white" if is_null else "black", zorder=4)
+
+
+STRIPES = "stripes, xN: shared by N sequences (ref count)"
 
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
