@@ -2,7 +2,7 @@
 
 Every step the scheduler decides which requests run, given the blocks the
 ``BlockSpaceManager`` has.  It mirrors vLLM v0's ``vllm/core/scheduler.py``
-(v0.5.x: queues, ``AllocStatus``, watermark, preemption by recompute or swap)
+(0.6.3: queues, ``AllocStatus``, watermark, preemption by recompute or swap)
 with the brevity of nano-vllm's ``nanovllm/engine/scheduler.py``.  One step:
 
 1. **running** requests first, oldest first: reserve a slot for the token each

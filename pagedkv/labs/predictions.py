@@ -105,6 +105,47 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
+    # ----------------------------------- scheduler
+    "static-vs-continuous-steps": Prediction(
+        "your prediction (static steps, continuous steps)", "scheduler",
+        hint="static: a batch lasts as long as its longest request. Continuous: follow the three slots, a finished "
+             "request's slot taken by the next waiting one in the following step.",
+        mistakes=(
+            ((19, 10), "a request that wants 9 tokens takes 9 steps, not 10: its prefill step samples the first."),
+        ),
+    ),
+    "admitted-in-step-0": Prediction(
+        "your prediction (admitted in step 0)", "scheduler",
+        hint="count each prompt's blocks in arrival order; can_allocate says OK only if the watermark's blocks are "
+             "still free after the allocation, and nobody behind a waiting request overtakes it.",
+        mistakes=(
+            (["A", "B", "C"], "count the blocks the three prompts take together: what would be left for the watermark?"),
+        ),
+    ),
+    "first-preemption-step-and-victim": Prediction(
+        "your prediction (step, victim)", "scheduler",
+        hint="track each request's tokens step by step: a new block is needed when a token starts one. When does the "
+             "pool have no block for someone's next token? The victim is the tail of running.",
+        mistakes=(
+            ((3, "r0"), "the victim is not the request that needs the block: it is the tail of running."),
+        ),
+    ),
+    "recompute-work-done-twice": Prediction(
+        "your prediction (r2's tokens computed twice, r1's and r2's together)", "scheduler",
+        hint="a recomputed prefill runs prompt + generated tokens again; which of them had K/V before? The newest "
+             "token had only been sampled.",
+        mistakes=(
+            ((5, 12), "the newest token of each was sampled but never run through the model: it had no K/V yet."),
+        ),
+    ),
+    "preemption-cost-vs-block-size": Prediction(
+        "your prediction (recompute, swap)", "scheduler",
+        hint="which cost counts tokens only, and which counts copies, one per block?",
+        mistakes=(
+            (("same", "up"), "a larger block means fewer blocks for the same tokens: fewer copies."),
+        ),
+    ),
+
     # ----------------------------------- vllm_today
     "admission-with-a-hit": Prediction(
         "your prediction (tokens from the cache, tokens this step)", "vllm_today",

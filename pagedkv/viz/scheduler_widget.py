@@ -214,14 +214,14 @@ class SchedulerVisualizer:
             null = "" if kv.null_block is None else f", block {kv.null_block} being the null block"
             return (f"v1: running {s.running}  waiting {s.waiting}  finished {len(s.finished)}\n"
                     f"GPU blocks {kv.num_gpu_blocks - kv.num_free_blocks}/{kv.num_gpu_blocks} used{null} (no CPU pool: "
-                    f"v1 only recomputes); preemptions {s.num_preemptions}, tokens recomputed "
+                    f"v1 only recomputes); preemptions {s.num_preemptions}, tokens to recompute "
                     f"{s.num_recomputed_tokens}")
         s, m = self.scheduler, self.manager
         used = m.num_total_gpu_blocks - m.num_free_gpu_blocks
         return (f"running {s.running}  waiting {s.waiting}  swapped {s.swapped}  finished {len(s.finished)}\n"
                 f"GPU blocks {used}/{m.num_total_gpu_blocks} used, CPU {m.num_total_cpu_blocks - m.num_free_cpu_blocks}"
                 f"/{m.num_total_cpu_blocks}; preemptions {s.num_preemptions}, "
-                f"tokens recomputed {s.num_recomputed_tokens}")
+                f"tokens to recompute {s.num_recomputed_tokens}")
 
     # ------------------------------------------------------------- the view
     def _build_widgets(self) -> None:
