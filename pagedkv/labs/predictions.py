@@ -185,6 +185,23 @@ PREDICTIONS: dict[str, Prediction] = {
             ((13, 8), "only the blocks handed out were evicted; R's first two own blocks were still at the tail."),
         ),
     ),
+    "full-isl-gate-preemptions": Prediction(
+        "your prediction (preemptions with the gate on, with it off)", "vllm_today",
+        hint="with the gate, a request starts only if its whole sequence fits beside what is already held. Without it,"
+             " how many 128-token chunks fit in the first step, and what happens when two requests' later chunks need "
+             "more blocks than the 32 the pool has?",
+        mistakes=(
+            ((0, 0), "without the gate a first chunk is admitted wherever it fits: do the later chunks still fit?"),
+        ),
+    ),
+    "more-preemptions-at-scale": Prediction(
+        "your prediction (which preempts more often)", "vllm_today",
+        hint="compare the two admissions' defaults in section 7's table: which one holds blocks back, and so starts "
+             "fewer requests into the same pool?",
+        mistakes=(
+            ("same", "the preemption rules match, but do the admissions? Look at what each keeps free."),
+        ),
+    ),
     "pool-table-p": Prediction(
         "P's block table", "vllm_today",
         hint="blocks come from the head of the free queue, in order.",
