@@ -119,7 +119,8 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="count each prompt's blocks in arrival order; can_allocate says OK only if the watermark's blocks are "
              "still free after the allocation, and nobody behind a waiting request overtakes it.",
         mistakes=(
-            (["A", "B", "C"], "count the blocks the three prompts take together: what would be left for the watermark?"),
+            (["A", "B", "C"],
+             "count the blocks the three prompts take together: what would be left for the watermark?"),
         ),
     ),
     "first-preemption-step-and-victim": Prediction(
