@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 
 from ..errors import PagedKVError, PagedKVValueError
 from ..manager import BlockSpaceManager
-from ..scheduler import Scheduler
+from ..scheduler import Scheduler, stand_in_model  # noqa: F401 (stand_in_model: re-exported)
 from ..state import render_state
 from ..v1 import FullAttentionSpec, KVCacheManager, SlidingWindowSpec, get_kv_cache_groups
 from ..v1 import Scheduler as V1Scheduler
@@ -38,11 +38,6 @@ FIGURE_SIZE = (9, 7.5)  # inches: the block map over the timeline
 # The text map: never wrapped (a line wrapped anywhere is no map), in the code font, as JupyterLab shows a <pre>.
 MAP_STYLE = "white-space: pre; margin: 0; line-height: 1.3; font-family: var(--jp-code-font-family, monospace)"
 HYBRID_WINDOW = 8  # the "v1 hybrid" mode's window: two blocks of 4 tokens, so the window slides within a few steps
-
-
-def stand_in_model(token_ids: list[int]) -> int:
-    """The next token: any deterministic function of the sequence would do."""
-    return (sum(token_ids) * 31 + len(token_ids)) % 1000
 
 
 class SchedulerVisualizer:
