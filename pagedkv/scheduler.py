@@ -2,7 +2,7 @@
 
 Every step the scheduler decides which requests run, given the blocks the
 ``BlockSpaceManager`` has.  It mirrors vLLM v0's ``vllm/core/scheduler.py``
-(v0.5.x: queues, ``AllocStatus``, watermark, preemption by recompute or swap)
+(0.6.3: queues, ``AllocStatus``, watermark, preemption by recompute or swap)
 with the brevity of nano-vllm's ``nanovllm/engine/scheduler.py``.  One step:
 
 1. **running** requests first, oldest first: reserve a slot for the token each
@@ -496,6 +496,12 @@ class Scheduler:
     def __repr__(self) -> str:
         return (f"Scheduler(waiting={self.waiting}, running={self.running}, swapped={self.swapped}, "
                 f"finished={len(self.finished)}, preemption_mode={self.preemption_mode.value!r})")
+
+
+def stand_in_model(token_ids: list[int]) -> int:
+    """A stand-in for the model in the loop: the next token. The scheduler sees only counts, so any deterministic
+    function of the sequence would do."""
+    return (sum(token_ids) * 31 + len(token_ids)) % 1000
 
 
 def _preemption_mode(mode) -> PreemptionMode:

@@ -266,6 +266,48 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
+    # ----------------------------------- scheduler
+    "static-vs-continuous-steps": Prediction(
+        "your prediction (static steps, continuous steps)", "scheduler",
+        hint="static: a batch lasts as long as its longest request. Continuous: follow the three slots, a finished "
+             "request's slot taken by the next waiting one in the following step.",
+        mistakes=(
+            ((19, 10), "a request that wants 9 tokens takes 9 steps, not 10: its prefill step samples the first."),
+        ),
+    ),
+    "admitted-in-step-0": Prediction(
+        "your prediction (admitted in step 0)", "scheduler",
+        hint="count each prompt's blocks in arrival order; can_allocate says OK only if the watermark's blocks are "
+             "still free after the allocation, and nobody behind a waiting request overtakes it.",
+        mistakes=(
+            (["A", "B", "C"],
+             "count the blocks the three prompts take together: what would be left for the watermark?"),
+        ),
+    ),
+    "first-preemption-step-and-victim": Prediction(
+        "your prediction (step, victim)", "scheduler",
+        hint="track each request's tokens step by step: a new block is needed when a token starts one. When does the "
+             "pool have no block for someone's next token? The victim is the tail of running.",
+        mistakes=(
+            ((3, "r0"), "the victim is not the request that needs the block: it is the tail of running."),
+        ),
+    ),
+    "recompute-work-done-twice": Prediction(
+        "your prediction (r2's tokens computed twice, r1's and r2's together)", "scheduler",
+        hint="a recomputed prefill runs prompt + generated tokens again; which of them had K/V before? The newest "
+             "token had only been sampled.",
+        mistakes=(
+            ((5, 12), "the newest token of each was sampled but never run through the model: it had no K/V yet."),
+        ),
+    ),
+    "preemption-cost-vs-block-size": Prediction(
+        "your prediction (recompute, swap)", "scheduler",
+        hint="which cost counts tokens only, and which counts copies, one per block?",
+        mistakes=(
+            (("same", "up"), "a larger block means fewer blocks for the same tokens: fewer copies."),
+        ),
+    ),
+
     # ----------------------------------- vllm_today
     "admission-with-a-hit": Prediction(
         "your prediction (tokens from the cache, tokens this step)", "vllm_today",
@@ -303,6 +345,23 @@ PREDICTIONS: dict[str, Prediction] = {
              "blocks, and 1 new: 5 free blocks, and 4 were free."),
             ((13, 24), "A and B took blocks from the head of the queue while R waited: whose blocks were there?"),
             ((13, 8), "only the blocks handed out were evicted; R's first two own blocks were still at the tail."),
+        ),
+    ),
+    "full-isl-gate-preemptions": Prediction(
+        "your prediction (preemptions with the gate on, with it off)", "vllm_today",
+        hint="with the gate, a request starts only if its whole sequence fits beside what is already held. Without it,"
+             " how many 128-token chunks fit in the first step, and what happens when two requests' later chunks need "
+             "more blocks than the 32 the pool has?",
+        mistakes=(
+            ((0, 0), "without the gate a first chunk is admitted wherever it fits: do the later chunks still fit?"),
+        ),
+    ),
+    "more-preemptions-at-scale": Prediction(
+        "your prediction (which preempts more often)", "vllm_today",
+        hint="compare the two admissions' defaults in section 7's table: which one holds blocks back, and so starts "
+             "fewer requests into the same pool?",
+        mistakes=(
+            ("same", "the preemption rules match, but do the admissions? Look at what each keeps free."),
         ),
     ),
     "pool-table-p": Prediction(

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 
 from ..errors import PagedKVError, PagedKVValueError
 from ..manager import BlockSpaceManager
-from ..scheduler import Scheduler
+from ..scheduler import Scheduler, stand_in_model  # noqa: F401 (stand_in_model: re-exported)
 from ..state import render_state
 from ..v1 import FullAttentionSpec, KVCacheManager, SlidingWindowSpec, get_kv_cache_groups
 from ..v1 import Scheduler as V1Scheduler
@@ -38,11 +38,6 @@ FIGURE_SIZE = (9, 7.5)  # inches: the block map over the timeline
 # The text map: never wrapped (a line wrapped anywhere is no map), in the code font, as JupyterLab shows a <pre>.
 MAP_STYLE = "white-space: pre; margin: 0; line-height: 1.3; font-family: var(--jp-code-font-family, monospace)"
 HYBRID_WINDOW = 8  # the "v1 hybrid" mode's window: two blocks of 4 tokens, so the window slides within a few steps
-
-
-def stand_in_model(token_ids: list[int]) -> int:
-    """The next token: any deterministic function of the sequence would do."""
-    return (sum(token_ids) * 31 + len(token_ids)) % 1000
 
 
 class SchedulerVisualizer:
@@ -214,14 +209,14 @@ class SchedulerVisualizer:
             null = "" if kv.null_block is None else f", block {kv.null_block} being the null block"
             return (f"v1: running {s.running}  waiting {s.waiting}  finished {len(s.finished)}\n"
                     f"GPU blocks {kv.num_gpu_blocks - kv.num_free_blocks}/{kv.num_gpu_blocks} used{null} (no CPU pool: "
-                    f"v1 only recomputes); preemptions {s.num_preemptions}, tokens recomputed "
+                    f"v1 only recomputes); preemptions {s.num_preemptions}, tokens to recompute "
                     f"{s.num_recomputed_tokens}")
         s, m = self.scheduler, self.manager
         used = m.num_total_gpu_blocks - m.num_free_gpu_blocks
         return (f"running {s.running}  waiting {s.waiting}  swapped {s.swapped}  finished {len(s.finished)}\n"
                 f"GPU blocks {used}/{m.num_total_gpu_blocks} used, CPU {m.num_total_cpu_blocks - m.num_free_cpu_blocks}"
                 f"/{m.num_total_cpu_blocks}; preemptions {s.num_preemptions}, "
-                f"tokens recomputed {s.num_recomputed_tokens}")
+                f"tokens to recompute {s.num_recomputed_tokens}")
 
     # ------------------------------------------------------------- the view
     def _build_widgets(self) -> None:
