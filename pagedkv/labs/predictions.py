@@ -176,6 +176,24 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
 
     # ----------------------------------- tiny_vllm
+    "engine-blocks-after-30": Prediction(
+        "your prediction (blocks per request after step 30)", "tiny_vllm",
+        hint="after step k a request has written the K/V of its prompt and of the k tokens fed back since; the token "
+             "sampled last is not written yet. Then count blocks of 16 for that many tokens.",
+        mistakes=(
+            ([2, 2, 3, 2], "30 decode steps add 30 tokens to each request: count its prompt too."),
+            ([3, 3, 3, 3], "req2's prompt is 21 bytes: 21 + 30 tokens need how many blocks of 16?"),
+        ),
+    ),
+    "worker-new-block-step": Prediction(
+        "your prediction (the step that first sends req2 a block id)", "tiny_vllm",
+        hint="step 0 writes req2's positions 0-20; each later step k writes one more position, 20 + k. A new block is "
+             "sent when a step's position is the first of a block.",
+        mistakes=(
+            (11, "step k writes position 20 + k, and block 2 starts at position 32."),
+            (13, "the block is sent in the step that writes its first position, not the step after."),
+        ),
+    ),
     "engine-prefix-cache-hit": Prediction(
         "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
         hint="only full blocks have names; count the full blocks every later prompt has in common with the first, "
@@ -193,6 +211,26 @@ PREDICTIONS: dict[str, Prediction] = {
             ((138_240, 2_211_840), "that counts 9 heads: how many KV heads does SmolLM2 have?"),
             ((23_040, 368_640), "that is one of K and V, or float16: both are cached, 4 bytes each"),
             ((1_536, 24_576), "that is one layer; the cache holds every layer's K and V"),
+        ),
+    ),
+
+    "smollm2-chat-prefix-hit": Prediction(
+        "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
+        hint="only a full block has a name; and a block is named when it is allocated for tokens that will fill it, "
+             "before the step runs.",
+        mistakes=(
+            (72, "24 shared tokens: is the second block of 16 full of them?"),
+            (0, "the four arrive in one step, but vLLM 0.33 names a block as soon as it is allocated for tokens that "
+                "will fill it."),
+            (64, "that counts all four requests; the first one computes its prompt."),
+        ),
+    ),
+    "v0-swap-same-text": Prediction(
+        "your prediction (same text, tokens through the model)", "tiny_vllm",
+        hint="what does a swapped-out request keep while it waits, and what has to be computed when it comes back?",
+        mistakes=(
+            ((True, 786), "swap copies the victim's K/V to CPU blocks and back: is anything computed twice?"),
+            ((False, 545), "the blocks come back bit for bit, so the model reads exactly the K/V it wrote."),
         ),
     ),
 
