@@ -260,9 +260,12 @@ class LLMEngine:
             self.kv_cache_groups = kv_cache_groups_for(config, block_size, next(model.parameters()).dtype)
             num_offload_blocks = _num_offload_blocks(kv_offloading_size, kv_offloading_blocks, self.kv_cache_groups)
             caching = True if enable_prefix_caching is None else enable_prefix_caching
+            # vLLM: VllmConfig.max_in_flight_tokens, every step in flight may hold a whole budget
+            budget = check_int("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
+            max_in_flight_tokens = (2 if async_scheduling else 1) * budget
             self.kv_cache_manager = KVCacheManager(block_size, num_gpu_blocks, caching,
                                                    self.kv_cache_groups, max_num_batched_tokens,
-                                                   prefix_cache_retention_interval)
+                                                   prefix_cache_retention_interval, max_in_flight_tokens)
             connector = OffloadingConnector(KVConnectorRole.SCHEDULER, block_size, num_offload_blocks,
                                             enable_prefix_caching=caching) if num_offload_blocks else None
             scheduler_cls = AsyncScheduler if async_scheduling else V1Scheduler  # vLLM: get_scheduler_cls

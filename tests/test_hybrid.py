@@ -482,6 +482,32 @@ def test_admission_counts_a_sliding_group_only_up_to_its_window(hybrid, tiny):
     assert engine.stats.num_ignored == 0 and engine.stats.peak_gpu_blocks <= 19
 
 
+def test_async_scheduling_caps_a_sliding_group_at_two_steps_in_flight(hybrid, tiny):
+    """vLLM 0.33 counts ``max_in_flight_tokens`` (``max_concurrent_batches * max_num_batched_tokens``: two steps with
+    async scheduling) in a sliding group's admission cap, since blocks leave the window only once their step is
+    processed. pagedkv's engine does the same: with two steps in flight a request really holds more sliding blocks
+    than one step's cap, and never more than two steps' cap."""
+    prompt = (tiny[1].encode("The list of items in a dict is ordered by ") * 2)[:40]
+    one_step, two_steps = (-(-(WINDOW - 1 + n * 8) // BS) + 1 for n in (1, 2))
+    kv = KVCacheManager(BS, 40, True, hybrid_manager().kv_cache_groups, max_num_batched_tokens=8,
+                        max_in_flight_tokens=16)
+    assert (kv.max_in_flight_tokens, kv.max_admission_blocks) == (16, [two_steps, None])
+    peaks = {}
+    for async_scheduling in (False, True):
+        engine = LLMEngine(hybrid, num_gpu_blocks=40, block_size=BS, version="v1", max_num_batched_tokens=8,
+                           async_scheduling=async_scheduling)
+        kv = engine.kv_cache_manager
+        assert kv.max_admission_blocks == [two_steps if async_scheduling else one_step, None]
+        engine.add_request("r", prompt, 6)
+        peak = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            if "r" in engine.scheduler.requests:
+                peak = max(peak, sum(b != kv.null_block for b in kv.get_block_ids("r")[0]))
+        peaks[async_scheduling] = peak
+    assert peaks[False] <= one_step < peaks[True] <= two_steps
+
+
 # ------------------------------------------------------------------ drawing
 def test_block_map_and_text_map_show_every_groups_table_and_the_null_block():
     import matplotlib

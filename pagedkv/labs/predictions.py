@@ -429,6 +429,24 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
 
     # ----------------------------------- tiny_vllm
+    "engine-blocks-after-30": Prediction(
+        "your prediction (blocks per request after step 30)", "tiny_vllm",
+        hint="after step k a request has written the K/V of its prompt and of the k tokens fed back since; the token "
+             "sampled last is not written yet. Then count blocks of 16 for that many tokens.",
+        mistakes=(
+            ([2, 2, 3, 2], "30 decode steps add 30 tokens to each request: count its prompt too."),
+            ([3, 3, 3, 3], "req2's prompt is 21 bytes: 21 + 30 tokens need how many blocks of 16?"),
+        ),
+    ),
+    "worker-new-block-step": Prediction(
+        "your prediction (the step that first sends req2 a block id)", "tiny_vllm",
+        hint="step 0 writes req2's positions 0-20; each later step k writes one more position, 20 + k. A new block is "
+             "sent when a step's position is the first of a block.",
+        mistakes=(
+            (11, "step k writes position 20 + k, and block 2 starts at position 32."),
+            (13, "the block is sent in the step that writes its first position, not the step after."),
+        ),
+    ),
     "engine-prefix-cache-hit": Prediction(
         "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
         hint="only full blocks have names; count the full blocks every later prompt has in common with the first, "
@@ -449,7 +467,60 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
+    "smollm2-chat-prefix-hit": Prediction(
+        "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
+        hint="only a full block has a name; and a block is named when it is allocated for tokens that will fill it, "
+             "before the step runs.",
+        mistakes=(
+            (72, "24 shared tokens: is the second block of 16 full of them?"),
+            (0, "the four arrive in one step, but vLLM 0.33 names a block as soon as it is allocated for tokens that "
+                "will fill it."),
+            (64, "that counts all four requests; the first one computes its prompt."),
+        ),
+    ),
+    "v0-swap-same-text": Prediction(
+        "your prediction (same text, tokens through the model)", "tiny_vllm",
+        hint="what does a swapped-out request keep while it waits, and what has to be computed when it comes back?",
+        mistakes=(
+            ((True, 786), "swap copies the victim's K/V to CPU blocks and back: is anything computed twice?"),
+            ((False, 545), "the blocks come back bit for bit, so the model reads exactly the K/V it wrote."),
+        ),
+    ),
+
     # ----------------------------------- hybrid_kv_cache
+    "hybrid-gpt-oss-groups": Prediction(
+        "your prediction (groups, layers per block)", "hybrid_kv_cache",
+        hint="the group size is the smallest layer count of one spec (unless the largest is below 1.5 times it); "
+             "each spec's layers are then dealt into groups of that size.",
+        mistakes=(
+            ((1, 36), "a sliding and a full layer keep different tokens, so they never share a group."),
+            ((2, 36), "a pool block holds one page for each layer of the group that owns it, not for every layer."),
+        ),
+    ),
+    "hybrid-sliding-table-at-19": Prediction(
+        "your prediction (null entries, real blocks, named entries)", "hybrid_kv_cache",
+        hint="which positions does the token at 19 see, and which blocks of 4 lie wholly before them? For the names: "
+             "where is the prompt's replay boundary, floored to a block, and how many blocks before it does a "
+             "sliding hit there need?",
+        mistakes=(
+            ((4, 1, (1, 2)), "the token at 19 still sees position 12: is the block holding 12-15 wholly outside "
+                             "the window?"),
+            ((3, 2, (0, 1, 2)), "only the run just before the replay boundary is named, as long as a hit there "
+                                "needs: ceil(7 / 4) blocks."),
+            ((3, 2, (2, 3)), "the replay boundary (13) is floored to a whole block, not rounded up."),
+            ((3, 2, ()), "the blocks before the replay boundary are named as they fill, even if they later leave "
+                         "the window."),
+        ),
+    ),
+    "hybrid-ratio-at-4096": Prediction(
+        "your prediction (Gemma's ratio, gpt-oss's ratio)", "hybrid_kv_cache",
+        hint="count layer-tokens at 4,096: a global layer keeps all 4,096, a sliding layer min(4,096, its window). "
+             "The ratio is (all layers x 4,096) over that sum.",
+        mistakes=(
+            ((6, 2), "that is the limit at 128k tokens; at 4,096 the global layers' share is still large."),
+            ((1, 1), "both windows (1,024 and 128) are already full at 4,096 tokens: the sliding layers keep less."),
+        ),
+    ),
     "hybrid-agreed-hits": Prediction(
         "your prediction (B's hit, C's hit)", "hybrid_kv_cache",
         hint="which sliding blocks did A name? A hit needs the 2 sliding blocks just before it.",
@@ -457,6 +528,9 @@ PREDICTIONS: dict[str, Prediction] = {
             ((24, 24),
              "that is the dense mode (every full sliding block named); in 0.33's default A named only the sliding "
              "blocks before its own replay boundary."),
+            ((0, 0),
+             "B's lookup records where its hit stopped short (the junction): does B name sliding blocks before it "
+             "as it runs?"),
         ),
     ),
 

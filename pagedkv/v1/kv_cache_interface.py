@@ -61,11 +61,12 @@ class SlidingWindowSpec(AttentionSpec):
             raise PagedKVValueError(f"sliding_window must be a positive int (the tokens a sliding layer sees), "
                                     f"got {self.sliding_window!r}.")
 
-    def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
-        """Blocks one request can hold at most: the last ``sliding_window - 1`` tokens plus one step's chunk,
-        plus one because the window rarely starts at a block boundary (vLLM: the same method, with
-        ``max_in_flight_tokens``, one step's tokens when scheduling is synchronous)."""
-        num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        """Blocks one request can hold at most: the last ``sliding_window - 1`` tokens plus the tokens scheduled but
+        not yet processed, plus one because the window rarely starts at a block boundary (vLLM 0.33: the same
+        method; ``VllmConfig.max_in_flight_tokens`` is ``max_concurrent_batches * max_num_batched_tokens``, one
+        step's budget when scheduling is synchronous, two with async scheduling)."""
+        num_tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
         return -(-num_tokens // self.block_size) + 1
 
 

@@ -20,7 +20,8 @@ What changed since v0's ``BlockSpaceManager``:
 * ``full_sequence_must_fit``: the scheduler admits a waiting request only if its full input sequence fits
   (``can_fit_full_sequence``: ``request.num_tokens``, the prompt plus any outputs a resumed request has),
   not just its first chunk; a sliding-window group counts at most the blocks it can ever hold
-  (``SlidingWindowSpec.max_admission_blocks_per_request``).
+  (``SlidingWindowSpec.max_admission_blocks_per_request``: its window plus ``max_in_flight_tokens``, one step's
+  ``max_num_batched_tokens`` unless given; the engine gives two steps' with async scheduling, as vLLM 0.33).
 * ``num_external_computed_tokens``: tokens a KV connector supplies after the prefix hit (a CPU tier's blocks, say)
   get fresh blocks like any new token, and count against the admission gate like them; with
   ``delay_cache_blocks`` (an asynchronous load) their blocks are named only once the load lands (``cache_blocks``).
@@ -58,7 +59,7 @@ class KVCacheManager:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, enable_caching: bool = True,
                  kv_cache_groups: list[KVCacheGroupSpec] | None = None, max_num_batched_tokens: int | None = None,
-                 prefix_cache_retention_interval: int | None = 0):
+                 prefix_cache_retention_interval: int | None = 0, max_in_flight_tokens: int | None = None):
         if not isinstance(enable_caching, bool):
             raise PagedKVValueError(f"enable_caching must be True or False, got {enable_caching!r}.")
         self.block_size = check_int("block_size", block_size, minimum=1)
@@ -68,10 +69,16 @@ class KVCacheManager:
         self.kv_cache_groups = _check_groups(kv_cache_groups, block_size, num_gpu_blocks)
         self.prefix_cache_retention_interval = _check_retention_interval(prefix_cache_retention_interval, block_size,
                                                                          self.kv_cache_groups)
-        # vLLM's admission cap per group (sliding groups only; needs the step's token budget)
+        # vLLM's admission cap per group (sliding groups only): the tokens scheduled but not yet processed, one
+        # step's budget unless given (vLLM: VllmConfig.max_in_flight_tokens, two steps' with async scheduling)
+        if max_in_flight_tokens is None:
+            max_in_flight_tokens = max_num_batched_tokens
+        else:
+            check_int("max_in_flight_tokens", max_in_flight_tokens, minimum=1)
+        self.max_in_flight_tokens = max_in_flight_tokens
         self.max_admission_blocks = [
-            g.kv_cache_spec.max_admission_blocks_per_request(max_num_batched_tokens, float("inf"))
-            if g.sliding_window is not None and max_num_batched_tokens is not None else None
+            g.kv_cache_spec.max_admission_blocks_per_request(max_in_flight_tokens, float("inf"))
+            if g.sliding_window is not None and max_in_flight_tokens is not None else None
             for g in self.kv_cache_groups]
         self.coordinator = KVCacheCoordinator(self.kv_cache_groups, num_gpu_blocks, enable_caching,
                                               self.prefix_cache_retention_interval)
