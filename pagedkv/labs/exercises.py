@@ -846,7 +846,8 @@ EXERCISES: dict[str, Exercise] = {
                                  "whole KV heads, so some heads must be kept on more than one GPU."),),
                       hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
                            "attend with. How many query heads does a GPU have, and how many share one KV head? "
-                           "Then count how many GPUs hold each KV head."),
+                           "Then count how many GPUs hold each KV head (v0.6.3's ModelConfig.get_num_kv_heads in "
+                           "vllm/config.py keeps max(1, total_num_kv_heads // tensor_parallel_size) per GPU)."),
     "mla-bytes-per-token": Exercise("(MLA bytes per token, times fewer than MHA)",
                       notebook="block_size_arithmetic", expected=_mla_bytes_and_ratio, tolerance=0.01,
                       mistakes=((lambda: _mla_bytes_and_ratio(rope_values=0), "you counted the latent alone; MLA "
