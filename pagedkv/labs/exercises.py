@@ -330,18 +330,16 @@ def _states_outnumber_reserved(prompt_counts: bool = True, reserve_shrinks: bool
     return None
 
 
-def _three_ledgers(last_block_reserved: bool = True):
-    """A 100-token prompt, 300 tokens to produce, the 50th just produced: its slots under reserve_pow2 (a chunk
-    of the next power of two of the final length) and under paged (blocks of 16), filed as the simulator files
-    them: token states, reserved for the request's later tokens, never to be used."""
-    from ..sizing import blocks_needed
-
-    prompt, output, produced, block_size = 100, 300, 50, 16
-    tokens, final = prompt + produced, prompt + output
-    chunk = 1 << (final - 1).bit_length()
-    slots = blocks_needed(tokens, block_size) * block_size
-    paged_reserved = min(slots, final) - tokens if last_block_reserved else 0  # empty slots it will still fill
-    return (tokens, final - tokens, chunk - final), (tokens, paged_reserved, slots - tokens - paged_reserved)
+def ledger(prompt, output, generated, chunk=None, block_size=16):
+    """(token states, reserved, internal) of one request's slots, as ``pagedkv.sim`` files them
+    (``_serve_contiguous`` and ``_serve_paged``): a contiguous request owns ``chunk`` slots from admission to its
+    end; a paged one (``chunk=None``) holds whole blocks for the tokens it has."""
+    tokens = prompt + generated
+    if chunk is not None:
+        return tokens, output - generated, chunk - prompt - output
+    held = -(-tokens // block_size) * block_size  # the slots of the blocks it holds
+    filled = min(held, prompt + output)  # those a token of this request will land in one day
+    return tokens, filled - tokens, held - filled
 
 
 def _pow2_never_used(policy: str = "reserve_pow2"):
@@ -857,7 +855,8 @@ EXERCISES: dict[str, Exercise] = {
                                  "whole KV heads, so some heads must be kept on more than one GPU."),),
                       hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
                            "attend with. How many query heads does a GPU have, and how many share one KV head? "
-                           "Then count how many GPUs hold each KV head."),
+                           "Then count how many GPUs hold each KV head (v0.6.3's ModelConfig.get_num_kv_heads in "
+                           "vllm/config.py keeps max(1, total_num_kv_heads // tensor_parallel_size) per GPU)."),
     "mla-bytes-per-token": Exercise("(MLA bytes per token, times fewer than MHA)",
                       notebook="block_size_arithmetic", expected=_mla_bytes_and_ratio, tolerance=0.01,
                       mistakes=((lambda: _mla_bytes_and_ratio(rope_values=0), "you counted the latent alone; MLA "
@@ -880,14 +879,13 @@ EXERCISES: dict[str, Exercise] = {
                       mistakes=((lambda: _pow2_never_used("reserve_max"), "you gave every request the maximum "
                                  "length's chunk; reserve_pow2 rounds each final length up to a power of two."),),
                       hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
-    "three-ledgers": Exercise("((pow2 tokens, reserved, never), (paged tokens, reserved, never))",
-                      notebook="memory_waste", expected=_three_ledgers,
-                      mistakes=((lambda: _three_ledgers(last_block_reserved=False), "under paged you filed every "
-                                 "empty slot of the last block as never used; a slot that a later token of this "
-                                 "request will fill is reserved."),),
-                      hint="pow2 reserves a chunk for the final length rounded up to a power of two, for the whole "
-                           "life; paged holds only whole blocks for the tokens so far. An empty slot is reserved if "
-                           "a later token of this request will land in it, never used if none will."),
+    "three-ledgers": Exercise("ledger", notebook="memory_waste", solution=ledger,
+                      cases=((100, 300, 50, 512), (100, 300, 50), (40, 100, 25, 2048), (40, 100, 25, 140),
+                             (40, 100, 25), (100, 290, 288), (100, 290, 288, None, 32), (19, 58, 0),
+                             (19, 58, 0, None, 256)),
+                      hint="a chunk is held whole from admission to the end; a paged request holds whole blocks "
+                           "for the tokens it has. An empty slot is reserved if a later token of this request "
+                           "will land in it, internal if none will."),
     "next-block-after-frees": Exercise("(next block after two calls, after one call)",
                       notebook="free_list_allocation", expected=_next_block_after_frees,
                       mistakes=((lambda: _next_block_after_frees(one_by_one_in_one_call=True), "in one call, "

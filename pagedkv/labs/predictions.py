@@ -22,9 +22,68 @@ class Prediction:
     notebook: str  # the notebook's file name without its number and ".ipynb"
     hint: str = ""
     mistakes: tuple = ()  # (a known wrong answer, what was wrong in the reasoning that gives it)
+    tolerance: float = 0.0  # relative: an estimate (a share, a ratio) is right within this fraction of the run's
 
 
 PREDICTIONS: dict[str, Prediction] = {
+    # ----------------------------------- block_size_arithmetic
+    "mqa-times-smaller": Prediction(
+        "your prediction (times smaller per token)", "block_size_arithmetic",
+        hint="only KV heads are cached: how many does each model keep per layer, and how wide is each?",
+        mistakes=(
+            (32 * 128 / (71 * 64),
+             "you counted Falcon-7B's 71 query heads; multi-query attention caches one KV head per layer."),
+            (32,
+             "you compared the number of KV heads only; Falcon-7B's heads are also narrower (64 against 128)."),
+        ),
+    ),
+    "v033-extra-kv-gib": Prediction(
+        "your prediction (GiB more for the KV cache in 0.33)", "block_size_arithmetic",
+        hint="what do the two extra points of gpu_memory_utilization give on an 80 GiB card, and what does 0.33 take "
+             "out of them that v0.6.3 did not?",
+        mistakes=(
+            (1.6, "0.92 against 0.90 is right, but 0.33 also subtracts its CUDA-graph estimate, which v0.6.3 did not "
+                  "take from its budget."),
+            (2.6, "the CUDA-graph estimate is taken out of 0.33's budget, not added to it."),
+            (2, "two points of 80 GiB is not 2 GiB."),
+        ),
+    ),
+    "block16-waste-share": Prediction(
+        "your prediction (% of slots wasted at block size 16)", "block_size_arithmetic",
+        hint="only a sequence's last block can be partly empty: how full is it on average, and how many slots does "
+             "a sequence of about 1,000 tokens hold?",
+        mistakes=(
+            (16 / 1025 * 100, "that is a whole empty block per sequence; a last block is on average about half full."),
+        ),
+        tolerance=0.25,
+    ),
+
+    # ----------------------------------- memory_waste
+    "oracle-token-share": Prediction(
+        "your prediction (% of memory in token states, oracle)", "memory_waste",
+        hint="the oracle's chunk is exactly the final length, but it is held from admission to the last token: how "
+             "much of it holds a token halfway through? And does a waiting request always fit the holes left free?",
+        mistakes=(
+            (100, "knowing the lengths removes internal fragmentation only: a chunk still holds slots for tokens "
+                  "not yet produced, and holes between chunks fit nobody."),
+        ),
+        tolerance=0.2,
+    ),
+    "alpaca-reserve-max": Prediction(
+        "your prediction (reserve_max on Alpaca: \"more\" or \"less\" harm)", "memory_waste",
+        hint="how long is an Alpaca request, and how many slots does reserve_max hold for it?",
+        mistakes=(
+            ("less", "short requests need few slots, but reserve_max holds 2,048 for each of them however short."),
+        ),
+    ),
+    "block-256-token-share": Prediction(
+        "your prediction (% in token states at block size 256)", "memory_waste",
+        hint="how many slots of a 256-token last block are empty on average, beside a request of about 500 tokens?",
+        mistakes=(
+            (97, "a small block wastes little, but the last block's empty half grows with the block."),
+        ),
+        tolerance=0.1,
+    ),
     # ----------------------------------- free_list_allocation
     "free-queue-next-block": Prediction(
         "your prediction (the block handed out next)", "free_list_allocation",
