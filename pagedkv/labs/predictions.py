@@ -35,6 +35,18 @@ PREDICTIONS: dict[str, Prediction] = {
              "free_blocks."),
         ),
     ),
+    "refcount-free-queue": Prediction(
+        "your prediction (the free queue after the second free_blocks)", "free_list_allocation",
+        hint="what is block 0's count after get_new_blocks and touch, what does each free_blocks do to it, and where "
+             "does a block go when its count reaches 0?",
+        mistakes=(
+            ([1, 2, 3], "touch made two owners and free_blocks was called twice: the count is back at 0, so the block "
+                        "is free again."),
+            ([1, 2, 3, 0], "the count did reach 0, but with caching off a freed block goes to the head of the queue, "
+                           "not the tail (section 1)."),
+            ([0, 0, 1, 2, 3], "a block is in the free queue once or not at all; a count above 1 keeps it out."),
+        ),
+    ),
     "second-request-block-table": Prediction(
         "your prediction (B's block table)", "free_list_allocation",
         hint="6 tokens in blocks of 4 take how many blocks? B's table starts where A's ends.",
