@@ -88,6 +88,17 @@ PREDICTIONS: dict[str, Prediction] = {
         "your prediction (blocks or None, per prompt)", "free_list_allocation",
         hint="count the free blocks first, then what each prompt needs at once.",
     ),
+    "chunk-or-full-sequence": Prediction(
+        "your prediction (a first chunk, with and without full_sequence_must_fit)", "free_list_allocation",
+        hint="how many blocks does the chunk need, how many does the whole prompt need, and which of the two does "
+             "each setting compare with the free blocks?",
+        mistakes=(
+            ((True, True), "with full_sequence_must_fit=True the whole 720-token prompt must fit, not just the chunk "
+                           "it runs now."),
+            ((False, False), "with full_sequence_must_fit=False only the chunk's own blocks must fit."),
+            ((True, False), "the two are the other way round: True is the stricter test, on the whole prompt."),
+        ),
+    ),
 
     # ----------------------------------- prefix_caching
     "hash-chain-names-changed": Prediction(
