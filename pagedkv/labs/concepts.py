@@ -29,7 +29,8 @@ CONCEPTS: dict[str, str] = {
     "internal-fragmentation": "reserved slots inside a request's memory that no token will ever fill",
     "external-fragmentation": "free memory in holes between reservations, too small for the next request",
     # memory: the free list
-    "free-block-queue": "free blocks in one queue: allocation takes the head, freeing appends (0.33's order by hash)",
+    "free-block-queue": ("free blocks in one queue: allocation takes the head; a freed block goes to the head, "
+                         "or to the tail if prefix caching named it"),
     "ref-count": "how many tables point at a block; it is free again when the count falls to 0",
     "block-table": "a request's list of physical blocks, logical block i at entry i",
     "slot-mapping": "a token's slot: block_table[pos // block_size] * block_size + pos % block_size",

@@ -914,8 +914,8 @@ EXERCISES: dict[str, Exercise] = {
                                 (lambda: tuple(t - 16 for t in _longest_prompts()), "you kept one block more "
                                  "than the watermark; both tests compare with >=, so a prompt may leave exactly "
                                  "the watermark free.")),
-                      hint="a prompt needs ceil(tokens / 16) blocks, and both tests keep 5 blocks spare: the "
-                           "free ones now (OK), or an empty pool (not NEVER). Is leaving exactly 5 allowed?"),
+                      hint="what must each test leave free, counting from which pool, and does leaving exactly "
+                           "that much pass?"),
     "blocks-named-alike": Exercise("Q's blocks named as one of P's",
                       notebook="prefix_caching", expected=_blocks_named_alike,
                       mistakes=((lambda: _blocks_named_alike(chained=False), "you named each block by its own tokens "

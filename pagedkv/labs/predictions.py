@@ -94,6 +94,18 @@ PREDICTIONS: dict[str, Prediction] = {
              "free_blocks."),
         ),
     ),
+    "refcount-free-queue": Prediction(
+        "your prediction (the free queue after the second free_blocks)", "free_list_allocation",
+        hint="what is block 0's count after get_new_blocks and touch, what does each free_blocks do to it, and where "
+             "does a block go when its count reaches 0?",
+        mistakes=(
+            ([1, 2, 3], "touch made two owners and free_blocks was called twice: the count is back at 0, so the block "
+                        "is free again."),
+            ([1, 2, 3, 0], "the count did reach 0, but with caching off a freed block goes to the head of the queue, "
+                           "not the tail (section 1)."),
+            ([0, 0, 1, 2, 3], "a block is in the free queue once or not at all; a count above 1 keeps it out."),
+        ),
+    ),
     "second-request-block-table": Prediction(
         "your prediction (B's block table)", "free_list_allocation",
         hint="6 tokens in blocks of 4 take how many blocks? B's table starts where A's ends.",
@@ -134,6 +146,17 @@ PREDICTIONS: dict[str, Prediction] = {
     "allocate-or-none": Prediction(
         "your prediction (blocks or None, per prompt)", "free_list_allocation",
         hint="count the free blocks first, then what each prompt needs at once.",
+    ),
+    "chunk-or-full-sequence": Prediction(
+        "your prediction (a first chunk, with and without full_sequence_must_fit)", "free_list_allocation",
+        hint="how many blocks does the chunk need, how many does the whole prompt need, and which of the two does "
+             "each setting compare with the free blocks?",
+        mistakes=(
+            ((True, True), "with full_sequence_must_fit=True the whole 720-token prompt must fit, not just the chunk "
+                           "it runs now."),
+            ((False, False), "with full_sequence_must_fit=False only the chunk's own blocks must fit."),
+            ((True, False), "the two are the other way round: True is the stricter test, on the whole prompt."),
+        ),
     ),
 
     # ----------------------------------- prefix_caching
