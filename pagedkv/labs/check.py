@@ -154,7 +154,8 @@ def prediction(key: str, got, truth) -> None:
     except (KeyError, TypeError):
         raise PagedKVKeyError(f"there is no prediction {key!r}; a prediction id is the slug its check cell names, "
                               f"one of: {', '.join(PREDICTIONS)}.") from None
-    report(question.title, got, truth, hint=question.hint, mistakes=question.mistakes, graded=False)
+    report(question.title, got, truth, hint=question.hint, tolerance=question.tolerance, mistakes=question.mistakes,
+           graded=False)
 
 
 def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", key: str | None = None) -> bool:
