@@ -680,13 +680,34 @@ PREDICTIONS: dict[str, Prediction] = {
              "which of A's blocks did its first turn store, and what did A4 and A5 hold then?"),
         ),
     ),
-    "offload-cpu-evictions": Prediction(
-        "your prediction (the CPU chunks D's store evicts)", "kv_offloading",
-        hint="count the chunks D needs and the free ones; the tier evicts from the front of its order.",
+    "offload-admitted-state": Prediction(
+        "your prediction (A's status and num_computed_tokens after the step that admits it)", "kv_offloading",
+        hint="a load is a copy the worker makes during a step: can the model run on a block that is still being "
+             "filled? And num_computed_tokens is what the scheduler has planned for, not what has landed.",
         mistakes=(
-            (["B8", "B7", "B6", "B5", "B4", "B3", "B2", "B1", "B0"], "how many chunks are free?"),
-            (["B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7"], "which end of the order goes first?"),
-            (["A3", "A2", "A1", "A0", "B8", "B7", "B6", "B5"], "did A's second turn change where A0-A3 stand?"),
+            (("RUNNING", 41), "can the model run on tokens whose K/V is still being copied in?"),
+            (("RUNNING", 16), "can the model run on tokens whose K/V is still being copied in?"),
+            (("WAITING", 0), "the connector found a hit: where does the scheduler park a request whose load is in "
+                             "flight?"),
+            (("WAITING_FOR_REMOTE_KVS", 0), "the scheduler plans the rest of the prompt from the load's end: when "
+                                            "does it count the loaded tokens?"),
+        ),
+    ),
+    "offload-cpu-evictions": Prediction(
+        "your prediction (the CPU chunks D's store evicts, and the chunks D0 and D1 land in)", "kv_offloading",
+        hint="count the chunks D needs and the free ones; the tier evicts from the front of its order. Then hand out "
+             "chunks as _allocate_chunks does: never-used ones first, then the free list from its end.",
+        mistakes=(
+            ((["B8", "B7", "B6", "B5", "B4", "B3", "B2", "B1", "B0"], 25, 4), "how many chunks are free?"),
+            ((["B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7"], 25, 11), "which end of the order goes first?"),
+            ((["A3", "A2", "A1", "A0", "B8", "B7", "B6", "B5"], 25, 9),
+             "did A's second turn change where A0-A3 stand?"),
+            ((["B8", "B7", "B6", "B5", "B4", "B3", "B2", "B1"], 25, 12),
+             "the free list is popped from its end: which chunk was freed last?"),
+            ((["B8", "B7", "B6", "B5", "B4", "B3", "B2", "B1"], 5, 6),
+             "does the tier reuse a freed chunk before one it never used?"),
+            ((["B8", "B7", "B6", "B5", "B4", "B3", "B2", "B1"], 19, 5),
+             "chunk 19 holds A4; which chunk is never used?"),
         ),
     ),
     "offload-third-turn-computed": Prediction(
@@ -703,8 +724,21 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- async_scheduling
     "async-steps-scheduled": Prediction(
-        "your prediction (steps scheduled)", "async_scheduling",
-        hint="count the schedule lines of the text timeline above.",
+        "your prediction (steps that run the model)", "async_scheduling",
+        hint="the scheduler knows max_tokens in advance: would it schedule a step whose token is thrown away?",
+        mistakes=(
+            (6, "a length limit is known before the step is scheduled: see Scheduler.schedule's skip."),
+            (4, "step 0, the prompt, samples the first token."),
+        ),
+    ),
+    "async-wall-ratio": Prediction(
+        "your prediction (async wall time / synchronous wall time)", "async_scheduling",
+        hint="synchronously a step takes schedule + forward + update; with async scheduling, which of those still "
+             "add up, and which run beside each other?",
+        mistakes=((0.39, "the host work is hidden, not removed: what does a step take when the forward runs beside "
+                         "it?"),
+                  (1.0, "the forward does not have to wait for the update and the next schedule any more.")),
+        tolerance=0.2,
     ),
     "async-blocks-at-eos": Prediction(
         "your prediction (sync, async)", "async_scheduling",
