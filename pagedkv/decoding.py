@@ -108,18 +108,8 @@ class GroupDecoding:
         """One engine step (it also runs every other request the engine holds), the group's blocks counted right
         after ``schedule()`` has allocated them, where ``engine.stats.peak_gpu_blocks`` is counted."""
         scheduler, tables = self.engine.scheduler, {}
-        schedule = scheduler.schedule
-
-        def schedule_then_count():
-            out = schedule()
-            tables.update(self.block_tables())  # every live sequence holds a slot for its next token now
-            return out
-
-        scheduler.schedule = schedule_then_count  # for this one step: engine.step() calls it first
-        try:
-            out = self.engine.step()
-        finally:
-            del scheduler.schedule
+        # every live sequence holds a slot for its next token right after scheduling: count the tables there
+        out = self.engine.step(after_schedule=lambda _: tables.update(self.block_tables()))
         held = {b for table in tables.values() for b in table}
         freed = tuple(sorted(scheduler.pruned_block_ids))
         stats = StepStats(len(self.steps) + 1, len(tables), len(held), sum(len(t) for t in tables.values()),

@@ -462,11 +462,17 @@ class LLMEngine:
         return [o.outputs[0].token_ids for o in outputs]
 
     # ------------------------------------------------------------ one step
-    def step(self):
-        """Schedule, move blocks, run the model on the batch, sample, update the scheduler."""
+    def step(self, after_schedule=None):
+        """Schedule, move blocks, run the model on the batch, sample, update the scheduler. v0 only:
+        ``after_schedule(out)``, if given, is called right after scheduling, when every scheduled sequence holds a
+        slot for its next token and nothing is sampled yet (where ``stats.peak_gpu_blocks`` is counted)."""
         if self.version == "v1":
+            if after_schedule is not None:
+                raise PagedKVValueError("after_schedule is a v0 hook: the v1 engine has no sequence groups to count")
             return self._step_with_batch_queue() if self.async_scheduling else self._step_v1()
         out = self.scheduler.schedule()
+        if after_schedule is not None:
+            after_schedule(out)
         self._count(out)
         for request_id in out.ignored:
             self._warn_ignored(request_id)

@@ -391,19 +391,24 @@ def _chunk_keys_read():
 
 
 # -------------------------------------- block_table_visualizer
-def _tour_append_slot(shared: bool = False):
-    """The tour's map (A, 7 tokens, forked into B; B appended 2), then one token appended to A: the slot its K/V is
-    written to, and the GPU blocks in use (replayed on the visualizer, as the widget's buttons do)."""
+def _tour_append_slot(slip: str = ""):
+    """The tour's first map (A, 7 tokens, forked into B; B appended 2), then B forked into C and one token appended
+    to C: the slot its K/V is written to, the copy-on-write copies, the GPU blocks in use (replayed on the
+    visualizer, as the widget's buttons do). ``slip``: "no-copy" writes into the shared block 3, "fresh" takes a
+    new block without copying."""
     from ..viz import BlockTableVisualizer
 
     tour = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=4)
     tour.add_sequence(7)
     tour.fork("A")
     tour.append("B", 2)
-    if shared:  # the slip: A's block 1 still shared, copied before the write
-        return 4 * 4 + 3, 5
-    tour.append("A", 1)
-    return tour.manager.get_slot_mapping("A")[-1], tour.snapshot().num_used()
+    tour.fork("B")
+    if slip == "no-copy":  # C writes into B's partly filled block 3, offset 1
+        return 3 * 4 + 1, 0, 4
+    if slip == "fresh":  # a new block 4 for the token, offset 0, nothing copied
+        return 4 * 4, 0, 5
+    copies = tour.manager.append_slots("C", [1])
+    return tour.manager.get_slot_mapping("C")[-1], len(copies), tour.snapshot().num_used()
 
 
 def _cached_after_free(partial_named: bool = False):
@@ -976,12 +981,15 @@ EXERCISES: dict[str, Exercise] = {
                       hint="write the saving at the peak as a formula in n: count the blocks one sample holds then "
                            "(is the last sampled token ever written?), and which of them the samples hold once. "
                            "Then solve for 25 %, and let n grow."),
-    "visualizer-append-slot": Exercise("(the slot of A's new token, blocks in use)",
+    "visualizer-append-slot": Exercise("(the slot of C's new token, copy-on-write copies, GPU blocks in use)",
                       notebook="block_table_visualizer", expected=_tour_append_slot,
-                      mistakes=((lambda: _tour_append_slot(shared=True), "you copied block 1 before writing; B's "
-                                 "append already moved B's reference to a copy, so A's block 1 is no longer shared."),),
-                      hint="read block 1's ref count in the map: a write copies a block only while someone else "
-                           "still holds it. Then slot = block * block_size + offset."),
+                      mistakes=((lambda: _tour_append_slot("no-copy"), "you wrote into block 3 where it stands; "
+                                 "after the fork, who else holds it, and may a shared block be written?"),
+                                (lambda: _tour_append_slot("fresh"), "a write never skips the free slots of its "
+                                 "last block; what must C's own copy of that block hold before the token lands?")),
+                      hint="read block 3's ref count after the fork, and how full it is; a write to a shared block "
+                           "goes to a copy taken from the free queue's head. Then slot = block * block_size + "
+                           "offset."),
     "visualizer-cached-prefix": Exercise("(B's block table, free blocks still holding a cached prefix)",
                       notebook="block_table_visualizer", expected=_cached_after_free,
                       mistakes=((lambda: _cached_after_free(partial_named=True), "you named A's partly filled last "

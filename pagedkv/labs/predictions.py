@@ -244,12 +244,13 @@ PREDICTIONS: dict[str, Prediction] = {
     # ----------------------------------- beam_search_sharing
     "beam-step-tokens-computed": Prediction(
         "your prediction (tokens computed in step 2, in step 3)", "beam_search_sharing",
-        hint="per request: its tokens minus its hit, and a hit is whole named blocks, at most num_tokens - 1 tokens "
-             "(notebook 04). Which blocks did the previous step fill and name?",
+        hint="per request: its tokens minus its hit, and a hit is whole named blocks (notebook 04). Which blocks "
+             "did the previous step fill and name?",
         mistakes=(
             ((4, 4),
-             "an 8-token request fills 2 blocks; its hit is capped at num_tokens - 1 = 7 tokens, in whole blocks: "
-             "how many of its 8 tokens does the model compute?"),
+             "block 1 of an 8-token request was never filled before (step 1's 7-token request left it at 3 "
+             "tokens; the 8th was only sampled), so it has no name: how many of its 8 tokens does the "
+             "model compute?"),
             ((16, 16),
              "step 2's requests each filled their second block, and a full block is named: what does a 9-token beam "
              "in step 3 find in the cache?"),
@@ -289,12 +290,23 @@ PREDICTIONS: dict[str, Prediction] = {
     # ----------------------------------- block_table_visualizer
     "visualizer-free-returns": Prediction(
         "your prediction (blocks that join the free queue, in order; block 0's ref count)", "block_table_visualizer",
-        hint="a block joins the free queue only when its ref count falls to 0; in which order does a free walk a "
-             "table (notebook 03)?",
+        hint="a block joins the free queue only when its ref count falls to 0; in which order does this "
+             "v0-shaped manager walk a table, and to which end of its queue (notebook 03, section 7)?",
         mistakes=(
             (([0, 2, 3], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
             (([2, 3], 1), "a free walks B's table from its last block: which of B's blocks joins the queue first?"),
             (([3, 2, 0], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+        ),
+    ),
+
+    "visualizer-swap-out": Prediction(
+        "your prediction (B's CPU blocks, GPU blocks that join the free queue, in order)", "block_table_visualizer",
+        hint="the CPU pool has its own free queue, as full as the GPU's was at the start; the GPU blocks B leaves "
+             "behind are freed the way free B freed them above.",
+        mistakes=(
+            (([2, 3], [3, 2]), "CPU block ids are the CPU pool's own, counted from its queue's head, not B's GPU ids."),
+            (([0, 1], [2, 3]), "swapping out frees B's GPU blocks as a free does: which block of the table first?"),
+            (([0, 1], []), "once copied to the CPU, B's GPU blocks hold nothing B needs: they are freed."),
         ),
     ),
 

@@ -176,7 +176,13 @@ class BlockTableVisualizer:
         return child if ok else None
 
     def free(self, seq_id) -> bool:
-        return self._act(f"free {seq_id}", lambda: (self._hand_made(seq_id, "free"), self._target.free(seq_id), [])[2])
+        def action():  # outline the blocks whose ref count fell to 0: the ones that joined the free queue
+            table = self._hand_made(seq_id, "free")
+            self._target.free(seq_id)
+            free = set(self.snapshot().free_block_ids())
+            return [b for b in table if b in free]
+
+        return self._act(f"free {seq_id}", action)
 
     def swap_out(self, seq_id) -> bool:
         return self._act(f"swap out {seq_id}", lambda: (self._hand_made(seq_id, "swap out"),
