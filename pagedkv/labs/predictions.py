@@ -334,6 +334,15 @@ PREDICTIONS: dict[str, Prediction] = {
             (([4, 5, 6], 16), "warps take blocks in turn (round-robin), not in runs."),
         ),
     ),
+    "e1-tokens-per-lane": Prediction(
+        "your answer (tokens one lane takes at block size 64, at block size 1)", "paged_attention_kernel",
+        hint="a group is never less than one lane, and a warp has 32: how many groups share a block of 64 tokens, and "
+             "how many lanes share a block's one token at block size 1?",
+        mistakes=(
+            ((1, 1), "at block size 64 a group is one lane, and 32 groups share 64 tokens."),
+            ((2, 32), "at block size 1 all 32 lanes are one group, sharing the block's one token."),
+        ),
+    ),
     "gqa-blocks-and-reads": Prediction(
         "your prediction ((vllm: thread blocks per sequence, loads of KV head 0), (vllm-gqa: the same))",
         "paged_attention_kernel",
@@ -502,12 +511,16 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "decode-tile-bytes": Prediction(
-        "your prediction (bytes of K/V per (query head, key): decode tile, prefill tile)", "unified_attention",
+        "your prediction (bytes of K/V per (query head, key): decode tile, prefill tile; the memory-bound one)",
+        "unified_attention",
         hint="one key brings a K row and a V row of head_size fp16 values; how many (query head) rows share them "
-             "in each tile?",
+             "in each tile? Both tiles issue a similar number of instructions per key: which one has more bytes "
+             "behind each?",
         mistakes=(
-            ((256, 16), "a key brings its K row and its V row: 2 x 128 values of 2 bytes each."),
-            ((512, 512), "a prefill tile stages each page once for its 16 query rows: they share the bytes."),
+            ((256, 16, "decode"), "a key brings its K row and its V row: 2 x 128 values of 2 bytes each."),
+            ((512, 512, "decode"), "a prefill tile stages each page once for its 16 query rows: they share the bytes."),
+            ((512, 32, "prefill"), "with a similar instruction count per key, the tile with more bytes per instruction "
+                                   "is the one whose issue rate could outrun HBM."),
         ),
     ),
     "second-chunk-first-row": Prediction(

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from ..kernels import cuda_vllm  # lane_work stays out of kf's names: it is notebook 08's E1
 from ..kernels.cuda_device import WARP_SIZE
-from ..kernels.cuda_vllm import WORD_BYTES, lane_work, thread_group_layout
+from ..kernels.cuda_vllm import WORD_BYTES, thread_group_layout
 from .block_map import PALETTE
 
 STATIC_ESTIMATES = Path(__file__).resolve().parent.parent / "data" / "static_estimates.json"
@@ -59,7 +60,7 @@ def kernel_mapping_text(block_table, seq_len: int, num_heads: int, num_seqs: int
     lines.append(f"inside a warp: {groups_per_warp} thread groups of {group_size} lanes (one token each); "
                  f"a row is {words} words of {WORD_BYTES} bytes")
     for lane in range(min(group_size * 2, WARP_SIZE)):
-        tokens, lane_words = lane_work(lane, block_size, words)
+        tokens, lane_words = cuda_vllm.lane_work(lane, block_size, words)
         lines.append(f"  lane {lane}: token {', '.join(map(str, tokens))}; words {lane_words[0]}, "
                      f"{lane_words[1] if len(lane_words) > 1 else ''}... ({len(lane_words)} loads of 8 bytes)")
     lines.append(f"  so a thread group fetches {group_size * WORD_BYTES} bytes of a key row at a time")
