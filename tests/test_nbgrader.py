@@ -46,7 +46,7 @@ WRONG = {
     "06": ("e2 = (1, 5)", "e2 = (3, 5)"),  # pruning frees every block of the beam
     "07": ("e1 = (7, 4)", "e1 = (19, 5)"),  # copied a block nobody else holds any more
     "08": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
-    "09": ('e1_victim = "q2"', 'e1_victim = "q4"'),  # the oldest instead of the newest
+    "09": ("e1_num_preempted = 3", "e1_num_preempted = 2"),  # let the tail skip the step instead of preempting itself
     "10": ("e1_step = 9", "e1_step = 8"),  # forgot that A's last chunk comes before B's turn
     "11": ("e2 = ([0, 1, 2, 3, 7], 24 + 114)", "e2 = ([1, 1, 1, 4], 24 + 114)"),  # rows per sequence, not their sum
     "12": ("e2_peak_blocks = 6", "e2_peak_blocks = 7"),  # the last sampled token's K/V is never written

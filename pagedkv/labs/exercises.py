@@ -483,7 +483,7 @@ def _fan_out_vs_fork():
 
 # --------------------------------------------------- scheduler
 def _preemption_replay(arrival_order=("q4", "q1", "q3", "q0", "q2")):
-    """E1's situation on a real Scheduler: the first victim, and who still runs after the step."""
+    """E1's situation on a real Scheduler: how many requests the step preempts, and who still runs after it."""
     from ..manager import BlockSpaceManager
     from ..scheduler import Scheduler
 
@@ -493,7 +493,7 @@ def _preemption_replay(arrival_order=("q4", "q1", "q3", "q0", "q2")):
         scheduler.add_request(name, [1], max_tokens=4)
     scheduler.update(scheduler.schedule(), dict.fromkeys(arrival_order, 1))  # pool full, each needs a block
     out = scheduler.schedule()
-    return out.preempted[0], list(scheduler.running)
+    return len(out.preempted), list(scheduler.running)
 
 
 def _swap_crossover_block_size():
@@ -1010,9 +1010,12 @@ EXERCISES: dict[str, Exercise] = {
                       hint="each part's s and acc were computed against its own max: what happens to every one "
                            "of their terms when the max they are measured from changes? Take exp only of a "
                            "difference, never of a logit alone (section 3)."),
-    "preemption-victim": Exercise("(victim, still running)", notebook="scheduler", expected=_preemption_replay,
-                      hint="the most recently *arrived* running request goes first; walk the others oldest first, "
-                           "each freed block serving one of them."),
+    "preemption-victim": Exercise("(preempted this step, still running)", notebook="scheduler",
+                      expected=_preemption_replay,
+                      hint="walk the running requests oldest first; each one that needs a block takes the tail's, "
+                           "and one that is the tail itself has nobody left to take from.",
+                      mistakes=((lambda: (2, ["q4", "q1", "q3"]), "a request cannot skip a step without a block: "
+                                                                  "the one that is the tail is its own victim."),)),
     "swap-crossover-block-size": Exercise("crossover block size",
                       notebook="scheduler", expected=_swap_crossover_block_size,
                       hint="recompute's cost does not depend on the block size; a swap pays the bytes once and a "

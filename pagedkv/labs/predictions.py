@@ -404,10 +404,13 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "preemption-cost-vs-block-size": Prediction(
-        "your prediction (recompute, swap)", "scheduler",
-        hint="which cost counts tokens only, and which counts copies, one per block?",
+        "your prediction (recompute, swap, crossover)", "scheduler",
+        hint="recompute counts tokens only; a swap issues one copy per block, per layer, for K and for V, so its "
+             "fixed overhead scales with the number of blocks while its bytes do not. Compare the two at a few "
+             "block sizes: 256 tokens is 256 blocks of 1 or 1 block of 256.",
         mistakes=(
-            (("same", "up"), "a larger block means fewer blocks for the same tokens: fewer copies."),
+            (("same", "up", 1), "a larger block means fewer blocks for the same tokens: fewer copies."),
+            (("same", "down", 16), "a preempted request is swapped out and later back in: count both directions."),
         ),
     ),
 
