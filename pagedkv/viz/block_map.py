@@ -140,7 +140,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
                           source="purple outline: a copy's source" if copied else None,
                           cached=any(b.is_free and b.block_hash for b in state.blocks),
                           null=state.null_block is not None,
-                          unnamed=bool(unnamed))
+                          unnamed=bool(unnamed), hashes=any(b.block_hash for b in state.blocks))
     return ax
 
 
