@@ -230,6 +230,16 @@ PREDICTIONS: dict[str, Prediction] = {
             ([(1, 3)], "block 1 has no empty slot: is the child's token written into it?"),
         ),
     ),
+    "free-one-branch": Prediction(
+        "your prediction (blocks back in the free queue, GPU blocks in use)", "copy_on_write_forks",
+        hint="a free drops one reference from each of the sequence's blocks: which of the parent's blocks does "
+             "nobody else hold?",
+        mistakes=(
+            (([0, 1], 1), "block 0 is still the child's: a free drops one reference, it does not give the block "
+             "back."),
+            (([], 3), "a block nobody holds any more goes back to the free queue at once."),
+        ),
+    ),
     "fan-out-tokens-computed": Prediction(
         "your prediction (prompt tokens each child computes, GPU blocks in use)", "copy_on_write_forks",
         hint="a child finds only blocks that have a name (notebook 04): which of the prompt's blocks get one, and "

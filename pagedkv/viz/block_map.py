@@ -147,7 +147,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
                           null=state.null_block is not None,
                           unnamed=bool(unnamed), shared=any(b.ref_count > 1 for b in state.blocks),
                           sequences=colors if show_tables and 0 < len(colors) <= 8 else None,
-                          cpu=any(d == "cpu" for d in state.seq_devices.values()))
+                          cpu=any(d == "cpu" for d in state.seq_devices.values()),
+                          hashes=any(b.block_hash for b in state.blocks))
     return ax
 
 
@@ -253,12 +254,15 @@ STRIPES = "stripes, xN: shared by N sequences (ref count)"
 
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
                       ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False,
-                      shared: bool = True, filled: str = "slots with tokens", cpu: bool = False):
+                      shared: bool = True, filled: str = "slots with tokens", cpu: bool = False, hashes: bool = False,
+                      tables: bool = True):
     """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
     (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
     ends with it shows no legend object; the key is ``fig.legends[-1]``. ``shared=False`` leaves out the stripes'
     entry, for a figure where no block is shared; ``filled`` names the dark slots (e.g. "slots allocated", where a
-    slot is held for a token not yet known); ``cpu=True`` adds the mark of a table entry on a CPU block."""
+    slot is held for a token not yet known); ``cpu=True`` adds the mark of a table entry on a CPU block; ``hashes=True``
+    explains the text at a cell's bottom (a named block's hash); ``tables=False`` leaves out the sequence and table
+    entries, for a map with no sequences."""
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -266,14 +270,16 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     def blank(label):
         return Line2D([], [], linestyle="none", label=label)
 
-    handles = [Patch(facecolor=PALETTE[0], edgecolor=EDGE, label=f"a sequence's block: dark = {filled}"),
-               Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale = empty slots"),
+    handles = [*([Patch(facecolor=PALETTE[0], edgecolor=EDGE, label=f"a sequence's block: dark = {filled}"),
+                  Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale = empty slots")] if tables else []),
                Patch(facecolor=FREE, edgecolor=EDGE, label="free block"),
                *([(Patch(facecolor=PALETTE[0], edgecolor=EDGE), Patch(facecolor=PALETTE[1], edgecolor=EDGE))]
                  if shared else []),
                blank("#n: place in the free queue (#0 goes next)"),
                blank("top-left number: physical block id"),
-               blank("block table entry i: the physical block of logical block i")]
+               *([blank("block table entry i: the physical block of logical block i")] if tables else [])]
+    if hashes:
+        handles.append(blank("bottom text: the block's name (first 4 hex digits of its hash)"))
     if cached:
         handles += [Patch(facecolor=CACHED, edgecolor=EDGE, label="free but cached: keeps its hash (bottom)")]
     if null:
