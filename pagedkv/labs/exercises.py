@@ -974,8 +974,8 @@ EXERCISES: dict[str, Exercise] = {
                            "written."),
     "pruned-beam": Exercise("(blocks freed by pruning Y, blocks in use after the step)",
                       notebook="beam_search_sharing", expected=_pruned_beam,
-                      hint="freeing a beam returns only the blocks whose ref count falls to 0; after the fork, "
-                           "both survivors write into a full block."),
+                      hint="freeing a beam returns only the blocks whose ref count falls to 0. When X and X2 append, "
+                           "is X's last block full or partly filled, and where must each new token go?"),
     "parallel-sampling-savings": Exercise("(smallest n saving 25 %, the saving's limit as n grows)",
                       notebook="beam_search_sharing", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
                       hint="write the saving at the peak as a formula in n: count the blocks one sample holds then "
