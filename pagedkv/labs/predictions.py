@@ -37,15 +37,16 @@ PREDICTIONS: dict[str, Prediction] = {
              "you compared the number of KV heads only; Falcon-7B's heads are also narrower (64 against 128)."),
         ),
     ),
-    "v033-extra-kv-gib": Prediction(
-        "your prediction (GiB more for the KV cache in 0.33)", "block_size_arithmetic",
-        hint="what do the two extra points of gpu_memory_utilization give on an 80 GiB card, and what does 0.33 take "
-             "out of them that v0.6.3 did not?",
+    "v033-extra-tokens-falcon": Prediction(
+        "your prediction (tokens more in falcon-7b's cache in 0.33)", "block_size_arithmetic", tolerance=0.25,
+        hint="first the bytes: what do the two extra points of gpu_memory_utilization give on an 80 GiB card, and "
+             "what does 0.33 take out of them that v0.6.3 did not? Then how many bytes does one falcon-7b token take "
+             "(section 1's table)?",
         mistakes=(
-            (1.6, "0.92 against 0.90 is right, but 0.33 also subtracts its CUDA-graph estimate, which v0.6.3 did not "
-                  "take from its budget."),
-            (2.6, "the CUDA-graph estimate is taken out of 0.33's budget, not added to it."),
-            (2, "two points of 80 GiB is not 2 GiB."),
+            (0.6, "that is the extra memory in GiB; the question asks how many tokens it holds."),
+            (1.6 * 2**30 / 8192, "0.92 against 0.90 is right, but 0.33 also subtracts its CUDA-graph estimate, which "
+                                 "v0.6.3 did not take from its budget."),
+            (2.6 * 2**30 / 8192, "the CUDA-graph estimate is taken out of 0.33's budget, not added to it."),
         ),
     ),
     "block16-waste-share": Prediction(
