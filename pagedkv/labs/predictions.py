@@ -70,11 +70,13 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
         tolerance=0.2,
     ),
-    "alpaca-reserve-max": Prediction(
-        "your prediction (reserve_max on Alpaca: \"more\" or \"less\" harm)", "memory_waste",
-        hint="how long is an Alpaca request, and how many slots does reserve_max hold for it?",
+    "alpaca-reserve-max-share": Prediction(
+        "your prediction (% in token states under reserve_max on Alpaca)", "memory_waste", tolerance=0.5,
+        hint="how many slots does reserve_max hold for each request, and how many of them hold a K/V on average "
+             "over the request's life: its prompt, and how much of its output?",
         mistakes=(
-            ("less", "short requests need few slots, but reserve_max holds 2,048 for each of them however short."),
+            (96, "that is roughly the share left unused; the question asks for the share holding token states."),
+            (20.6, "that is ShareGPT's share; Alpaca's requests are far shorter but get the same 2,048 slots."),
         ),
     ),
     "block-256-token-share": Prediction(
