@@ -43,12 +43,15 @@ class Exercise:
 
 
 # --------------------------------------- block_size_arithmetic
-def _tp4_blocks_per_gpu(tp: int = 4):
+def _tp4_blocks_per_gpu(tp: int = 4, heads_tp: int | None = None, utilization: float = 0.9):
+    """80 GiB cards: the budget is 0.9 of the card less a quarter of the weights and 2 GiB of activations."""
     from ..sizing import MODELS, GiB, cache_block_bytes
 
     spec = MODELS["llama-2-70b"]
-    shard = dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=spec.num_kv_heads // tp)
-    return 40 * GiB // cache_block_bytes(shard, 16)
+    heads_tp = tp if heads_tp is None else heads_tp
+    shard = dataclasses.replace(spec, num_heads=spec.num_heads // heads_tp, num_kv_heads=spec.num_kv_heads // heads_tp)
+    budget = utilization * 80 * GiB - (spec.weight_bytes / tp + 2 * GiB)
+    return int(budget // cache_block_bytes(shard, 16))
 
 
 def _tp16_bytes_per_token():
@@ -318,14 +321,15 @@ def _lru_survivors(tail_first: bool = True, others: bool = True):
 
 
 # ------------------------------------------------ memory_waste
-def _states_outnumber_reserved(prompt_counts: bool = True, reserve_shrinks: bool = True):
-    """reserve_max, a 100-token prompt, 300 tokens to produce: the first produced count at which the chunk's
-    token states outnumber its slots reserved for later tokens, found by walking the request's life."""
+def _states_outnumber_reserved(prompt_counts: bool = True, count_internal: bool = True):
+    """reserve_pow2, a 100-token prompt, 300 tokens to produce (a 512-slot chunk): the first produced count at
+    which the chunk's token states outnumber its empty slots (reserved plus internal), found by walking its life."""
     prompt, output = 100, 300
+    chunk = 1 << (prompt + output - 1).bit_length()
     for produced in range(output + 1):
         tokens = (prompt if prompt_counts else 0) + produced
-        reserved = output - produced if reserve_shrinks else output
-        if tokens > reserved:
+        empty = chunk - prompt - produced if count_internal else output - produced
+        if tokens > empty:
             return produced
     return None
 
@@ -850,18 +854,20 @@ def _blocks_stored_by_a_turn(gpu_hit_blocks: int = 2, cpu_hit_blocks: int = 3):
 EXERCISES: dict[str, Exercise] = {
     "tp4-blocks-per-gpu": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4",
                       notebook="block_size_arithmetic", expected=_tp4_blocks_per_gpu,
-                      mistakes=((lambda: _tp4_blocks_per_gpu(tp=1), "that is what one GPU would hold if it kept "
-                                 "every KV head of the model; under tensor parallelism it keeps only its share."),),
-                      hint="under tensor parallelism each GPU keeps the K/V of its own share of the KV heads only, "
-                           "for every layer."),
+                      mistakes=((lambda: _tp4_blocks_per_gpu(heads_tp=1), "that is what one GPU would hold if it kept "
+                                 "every KV head of the model; under tensor parallelism it keeps only its share."),
+                                (lambda: _tp4_blocks_per_gpu(utilization=1.0), "you gave the cache the whole card; "
+                                 "vLLM uses only gpu_memory_utilization of it."),),
+                      hint="first the budget: what may vLLM use of one card, and what of it do the weights and "
+                           "activations already take? Then the block: which KV heads does one GPU store, and for "
+                           "how many layers?"),
     "tp16-kv-heads": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)",
                       notebook="block_size_arithmetic", expected=_tp16_bytes_per_token,
                       mistakes=((_tp16_heads_cut_in_half, "you gave each GPU a fraction of a KV head; a GPU keeps "
                                  "whole KV heads, so some heads must be kept on more than one GPU."),),
                       hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
-                           "attend with. How many query heads does a GPU have, and how many share one KV head? "
-                           "Then count how many GPUs hold each KV head (v0.6.3's ModelConfig.get_num_kv_heads in "
-                           "vllm/config.py keeps max(1, total_num_kv_heads // tensor_parallel_size) per GPU)."),
+                           "attend with. If 16 GPUs share 8 KV heads, which KV head does GPU 3 need, and which other "
+                           "GPU needs the same one?"),
     "mla-bytes-per-token": Exercise("(MLA bytes per token, times fewer than MHA)",
                       notebook="block_size_arithmetic", expected=_mla_bytes_and_ratio, tolerance=0.01,
                       mistakes=((lambda: _mla_bytes_and_ratio(rope_values=0), "you counted the latent alone; MLA "
@@ -870,20 +876,22 @@ EXERCISES: dict[str, Exercise] = {
                                  "bf16 value takes 2 bytes.")),
                       hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
                            "and V for every head of every layer."),
-    "reservation-outgrown": Exercise("tokens produced when token states first outnumber the reserved slots",
+    "reservation-outgrown": Exercise("tokens produced when token states first outnumber the chunk's empty slots",
                       notebook="memory_waste",
                       expected=_states_outnumber_reserved,
                       mistakes=((lambda: _states_outnumber_reserved(prompt_counts=False), "the prompt's K/V are "
                                  "token states too, from the first step on."),
-                                (lambda: _states_outnumber_reserved(reserve_shrinks=False), "the reservation is "
-                                 "for tokens still to come: it shrinks by one with every token produced.")),
-                      hint="write both parts as functions of the tokens produced so far, p: token states, and slots "
-                           "reserved for the tokens still to come. When is the first just larger?"),
+                                (lambda: _states_outnumber_reserved(count_internal=False), "you counted only the "
+                                 "slots reserved for later tokens; the chunk's slots past the final length are "
+                                 "empty too.")),
+                      hint="how big is the chunk reserve_pow2 gives this request? Then write token states and empty "
+                           "slots as functions of the tokens produced so far, p."),
     "pow2-never-used": Exercise("mean fraction never used",
                       notebook="memory_waste", expected=_pow2_never_used, tolerance=0.005,
                       mistakes=((lambda: _pow2_never_used("reserve_max"), "you gave every request the maximum "
                                  "length's chunk; reserve_pow2 rounds each final length up to a power of two."),),
-                      hint="every final length from 513 to 1,024 gets the same chunk; what is its mean length?"),
+                      hint="which chunk does a 600-token request get, and a 1,000-token one? What part of each is "
+                           "never used?"),
     "three-ledgers": Exercise("ledger", notebook="memory_waste", solution=ledger,
                       cases=((100, 300, 50, 512), (100, 300, 50), (40, 100, 25, 2048), (40, 100, 25, 140),
                              (40, 100, 25), (100, 290, 288), (100, 290, 288, None, 32), (19, 58, 0),

@@ -37,15 +37,16 @@ PREDICTIONS: dict[str, Prediction] = {
              "you compared the number of KV heads only; Falcon-7B's heads are also narrower (64 against 128)."),
         ),
     ),
-    "v033-extra-kv-gib": Prediction(
-        "your prediction (GiB more for the KV cache in 0.33)", "block_size_arithmetic",
-        hint="what do the two extra points of gpu_memory_utilization give on an 80 GiB card, and what does 0.33 take "
-             "out of them that v0.6.3 did not?",
+    "v033-extra-tokens-falcon": Prediction(
+        "your prediction (tokens more in falcon-7b's cache in 0.33)", "block_size_arithmetic", tolerance=0.25,
+        hint="first the bytes: what do the two extra points of gpu_memory_utilization give on an 80 GiB card, and "
+             "what does 0.33 take out of them that v0.6.3 did not? Then how many bytes does one falcon-7b token take "
+             "(section 1's table)?",
         mistakes=(
-            (1.6, "0.92 against 0.90 is right, but 0.33 also subtracts its CUDA-graph estimate, which v0.6.3 did not "
-                  "take from its budget."),
-            (2.6, "the CUDA-graph estimate is taken out of 0.33's budget, not added to it."),
-            (2, "two points of 80 GiB is not 2 GiB."),
+            (0.6, "that is the extra memory in GiB; the question asks how many tokens it holds."),
+            (1.6 * 2**30 / 8192, "0.92 against 0.90 is right, but 0.33 also subtracts its CUDA-graph estimate, which "
+                                 "v0.6.3 did not take from its budget."),
+            (2.6 * 2**30 / 8192, "the CUDA-graph estimate is taken out of 0.33's budget, not added to it."),
         ),
     ),
     "block16-waste-share": Prediction(
@@ -69,11 +70,13 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
         tolerance=0.2,
     ),
-    "alpaca-reserve-max": Prediction(
-        "your prediction (reserve_max on Alpaca: \"more\" or \"less\" harm)", "memory_waste",
-        hint="how long is an Alpaca request, and how many slots does reserve_max hold for it?",
+    "alpaca-reserve-max-share": Prediction(
+        "your prediction (% in token states under reserve_max on Alpaca)", "memory_waste", tolerance=0.5,
+        hint="how many slots does reserve_max hold for each request, and how many of them hold a K/V on average "
+             "over the request's life: its prompt, and how much of its output?",
         mistakes=(
-            ("less", "short requests need few slots, but reserve_max holds 2,048 for each of them however short."),
+            (96, "that is roughly the share left unused; the question asks for the share holding token states."),
+            (20.6, "that is ShareGPT's share; Alpaca's requests are far shorter but get the same 2,048 slots."),
         ),
     ),
     "block-256-token-share": Prediction(
