@@ -42,9 +42,9 @@ WRONG = {
     "02": ("e2_never = 1 - (513 + 1024) / 2 / 1024", "e2_never = (1024 - 513) / 1024"),  # the worst case
     "03": ("next_blocks = (0, 2)", "next_blocks = (0, 0)"),  # one call kept as one list, in order
     "04": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
-    "05": ("e1_copies = [(1, 2)]", "e1_copies = [(1, 2), (1, 3)]"),  # a copy for the fresh block too
+    "05": ("e1 = ([1], 4)", "e1 = ([0, 1], 5)"),  # copied the full block too
     "06": ("e2 = (1, 5)", "e2 = (3, 5)"),  # pruning frees every block of the beam
-    "07": ("e1 = (7, 4)", "e1 = (19, 5)"),  # copied a block nobody else holds any more
+    "07": ("e1 = (17, 1, 5)", "e1 = (13, 0, 4)"),  # wrote into the shared block where it stands
     "08": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
     "09": ("e1_num_preempted = 3", "e1_num_preempted = 2"),  # let the tail skip the step instead of preempting itself
     "10": ("e1_step = 9", "e1_step = 8"),  # forgot that A's last chunk comes before B's turn
