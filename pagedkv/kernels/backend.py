@@ -109,10 +109,12 @@ def announce_simulator() -> None:
     """Say once per process that numba.cuda kernels run in the simulator, and why; pagedkv calls it when a CUDA
     kernel is first launched, so only notebooks that use one show it (``PAGEDKV_QUIET=1`` silences it)."""
     if _pending_notice and not os.environ.get("PAGEDKV_QUIET"):
-        # In a notebook a plain line (stderr would show in a pink error box); in a terminal, stderr.
-        stream = sys.stdout if "ipykernel" in sys.modules else sys.stderr
+        # In a notebook a plain line without the driver's detail (stderr would show in a pink error box, and a
+        # stored output should not name this machine's libraries); in a terminal, stderr, with the reason.
+        in_notebook = "ipykernel" in sys.modules
+        stream = sys.stdout if in_notebook else sys.stderr
+        why = "" if in_notebook else f" ({_pending_notice[0]})"
         stream.flush()  # one write, line and newline together: a notebook's stream never splits it
-        stream.write(f"pagedkv: no CUDA GPU ({_pending_notice[0]}); numba.cuda kernels run in numba's CUDA "
-                     "simulator.\n")
+        stream.write(f"pagedkv: no CUDA GPU{why}; numba.cuda kernels run in numba's CUDA simulator.\n")
         stream.flush()
     _pending_notice.clear()

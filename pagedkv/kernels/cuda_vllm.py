@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -71,7 +72,15 @@ def check_sizes(head_size: int, block_size: int, num_threads: int, dtype: str) -
             "use flavour='tree'.")
 
 
-def thread_group_layout(block_size: int, words: int) -> tuple[int, int, int, int]:
+class ThreadGroupLayout(NamedTuple):
+    """How a warp splits one KV block (``thread_group_layout``)."""
+    group_size: int  # lanes per token (vLLM's THREAD_GROUP_SIZE)
+    groups_per_warp: int
+    tokens_per_group: int  # tokens one group (so each of its lanes) takes per block
+    words_per_thread: int  # 64-bit words of one token's row that one lane reads
+
+
+def thread_group_layout(block_size: int, words: int) -> ThreadGroupLayout:
     """How a warp splits one KV block: ``(group_size, groups_per_warp, tokens_per_group, words_per_thread)``.
 
     vLLM's ``THREAD_GROUP_SIZE`` is ``max(32 // block_size, 1)`` lanes per token; a warp holds
@@ -82,7 +91,7 @@ def thread_group_layout(block_size: int, words: int) -> tuple[int, int, int, int
     groups_per_warp = WARP_SIZE // group_size
     tokens_per_group = max(block_size // groups_per_warp, 1)
     words_per_thread = -(-words // group_size)
-    return group_size, groups_per_warp, tokens_per_group, words_per_thread
+    return ThreadGroupLayout(group_size, groups_per_warp, tokens_per_group, words_per_thread)
 
 
 def lane_work(lane: int, block_size: int, words: int) -> tuple[list[int], list[int]]:

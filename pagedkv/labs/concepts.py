@@ -129,7 +129,8 @@ COURSE: tuple[Notebook, ...] = (
              "the widget drives v0's manager: fork, beam step and swap, none in 0.33's engine, each with its "
              "reason; notebook 10 draws today's pool step by step"),
     Notebook(8, "paged_attention_kernel", "compute", "attention reads each sequence's K/V through its block table",
-             "the paper's decode kernel (v1/v2, last in 0.10.2); today's kernels in notebook 11"),
+             "the paper's decode kernel (v1/v2, ops still in 0.11.0, gone from 0.33); today's kernels in "
+             "notebook 11"),
     Notebook(9, "scheduler", "serving", "continuous batching, and preemption when the blocks run out",
              "the whole notebook is v0's; notebook 10 puts today's rules beside it"),
     Notebook(10, "vllm_today", "serving",

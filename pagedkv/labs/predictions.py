@@ -333,7 +333,7 @@ PREDICTIONS: dict[str, Prediction] = {
             ((4, 2), "that is one sequence's thread blocks: the grid is (num_heads, num_seqs)."),
             ((8, 1), "that is one thread block per (KV head, sequence): the teaching kernel gives every query head "
                      "its own."),
-            ((16, 1), "each query head has its own thread block, and every one of them loads its KV head's keys."),
+            ((16, 1), "which query heads read KV head 1, and does each of their thread blocks load it for itself?"),
         ),
     ),
     "warp-blocks-and-loads": Prediction(
@@ -352,8 +352,10 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="a group is never less than one lane, and a warp has 32: how many groups share a block of 64 tokens, and "
              "how many lanes share a block's one token at block size 1?",
         mistakes=(
-            ((1, 1), "at block size 64 a group is one lane, and 32 groups share 64 tokens."),
-            ((2, 32), "at block size 1 all 32 lanes are one group, sharing the block's one token."),
+            ((1, 1), "at block size 64, how many groups does a warp hold, and how many tokens must they cover between "
+                     "them?"),
+            ((2, 32), "at block size 1, how many tokens does the block hold, and can one lane take more "
+                      "tokens than the block has?"),
         ),
     ),
     "gqa-blocks-and-reads": Prediction(
@@ -374,11 +376,11 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="take the rule one test at a time: does the longest sequence fit v1? Does one 512-token partition "
              "cover it? If not, how many (sequence, head) pairs are there?",
         mistakes=(
-            (("v1", "v1", "v2"), "600 tokens need two 512-token partitions, and 4 x 32 = 128 (sequence, head) pairs "
-                                 "would leave most of a GPU idle under v1."),
-            (("v2", "v2", "v2"), "64 x 32 = 2,048 (sequence, head) pairs already fill the GPU: there v1 is kept."),
-            (("v2", "v1", "v1"), "a 9,000-token context does not fit v1's 8,192 tokens of logits, whatever the "
-                                 "batch."),
+            (("v1", "v1", "v2"), "for the first batch: how many 512-token partitions do 600 tokens need, and how "
+                                 "many (sequence, head) pairs are there against the rule's 512?"),
+            (("v2", "v2", "v2"), "for the second batch, count its (sequence, head) pairs and compare them with 512."),
+            (("v2", "v1", "v1"), "for the third batch, take the rule's first test: how long may the longest "
+                                 "sequence be?"),
         ),
     ),
 
