@@ -222,7 +222,8 @@ PREDICTIONS: dict[str, Prediction] = {
              "next?",
         mistakes=(
             ([], "block 1 has room, but is the child the only one that holds it?"),
-            ([(2, 1)], "a pair is (src, dst): the block copied from comes first."),
+            ([(2, 1)], "the right two blocks: which one is read and which one written, and in which order does "
+                       "a copy pair name them?"),
             ([(0, 2), (1, 3)], "only the block the new token is written into is copied; block 0 receives nothing."),
         ),
     ),
@@ -302,24 +303,23 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- block_table_visualizer
     "visualizer-free-returns": Prediction(
-        "your prediction (blocks that join the free queue, in order; block 0's ref count)", "block_table_visualizer",
-        hint="a block joins the free queue only when its ref count falls to 0; in which order does this "
-             "v0-shaped manager walk a table, and to which end of its queue (notebook 03, section 7)?",
+        "your prediction (blocks that join the free queue, sorted; block 0's ref count)", "block_table_visualizer",
+        hint="a block joins the free queue only when its ref count falls to 0: which of B's blocks does nobody "
+             "else hold?",
         mistakes=(
             (([0, 2, 3], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
-            (([2, 3], 1), "a free walks B's table from its last block: which of B's blocks joins the queue first?"),
-            (([3, 2, 0], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+            (([3], 1), "block 2 is B's private copy of block 1: who else holds it once B is freed?"),
+            (([0, 2, 3], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
         ),
     ),
 
     "visualizer-swap-out": Prediction(
-        "your prediction (B's CPU blocks, GPU blocks that join the free queue, in order)", "block_table_visualizer",
-        hint="the CPU pool has its own free queue, as full as the GPU's was at the start; the GPU blocks B leaves "
-             "behind are freed the way free B freed them above.",
+        "your prediction (B's CPU blocks, GPU blocks in use)", "block_table_visualizer",
+        hint="the CPU pool has its own free queue, as full as the GPU's was at the start; and what becomes of B's "
+             "GPU blocks once their contents are on the CPU?",
         mistakes=(
-            (([2, 3], [3, 2]), "CPU block ids are the CPU pool's own, counted from its queue's head, not B's GPU ids."),
-            (([0, 1], [2, 3]), "swapping out frees B's GPU blocks as a free does: which block of the table first?"),
-            (([0, 1], []), "once copied to the CPU, B's GPU blocks hold nothing B needs: they are freed."),
+            (([2, 3], 2), "CPU block ids are the CPU pool's own, counted from its queue's head, not B's GPU ids."),
+            (([0, 1], 4), "once copied to the CPU, B's GPU blocks hold nothing B needs: they are freed."),
         ),
     ),
 
