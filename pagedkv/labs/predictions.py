@@ -604,11 +604,10 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "v0-swap-same-text": Prediction(
-        "your prediction (same text, tokens through the model)", "tiny_vllm",
+        "your prediction (tokens through the model, preempting by swap)", "tiny_vllm",
         hint="what does a swapped-out request keep while it waits, and what has to be computed when it comes back?",
         mistakes=(
-            ((True, 786), "swap copies the victim's K/V to CPU blocks and back: is anything computed twice?"),
-            ((False, 545), "the blocks come back bit for bit, so the model reads exactly the K/V it wrote."),
+            (786, "swap copies the victim's K/V to CPU blocks and back: is anything computed twice?"),
         ),
     ),
 
