@@ -277,6 +277,25 @@ def test_released_answer_cells_are_the_labs_stubs(graded):
         assert not any("raise NotImplementedError()" in a for a in answers), path.name
 
 
+def test_the_labs_are_the_released_notebooks(graded, tmp_path):
+    """What ``make lab`` gives a student (pagedkv's labs) is, cell for cell, what nbgrader released and graded
+    blank above: the same code but for the words of each stub. So the blank autograde, whose every check says
+    "no answer yet" and whose other cells never fail (the test above), is also the run of every lab; CI runs each
+    notebook once less for it (tests/test_labs.py ran every lab top to bottom as well)."""
+    from pagedkv.labs.generate import generate_labs
+
+    course = graded[0]
+    stub_words = [("# TODO: your answer", "# YOUR CODE HERE"),
+                  ('raise NotImplementedError("TODO: write this part")', 'raise NotImplementedError("YOUR CODE HERE")')]
+    for lab in generate_labs(NOTEBOOKS, tmp_path):
+        released = json.loads((course / "release" / ASSIGNMENT / lab.name).read_text())
+        code = ["".join(c["source"]) for c in released["cells"] if c["cell_type"] == "code"]
+        lab_code = ["".join(c["source"]) for c in json.loads(lab.read_text())["cells"] if c["cell_type"] == "code"]
+        for ours, theirs in stub_words:
+            lab_code = [source.replace(ours, theirs) for source in lab_code]
+        assert lab_code == code, lab.name
+
+
 def test_run_all_on_a_released_blank_notebook_goes_through(graded):
     """A student's Run All on a released notebook (no nbgrader, so checks print): no cell fails, every check
     says there is no answer yet. Notebook 08: two exercises whose answers are a function's body."""
