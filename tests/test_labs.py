@@ -114,6 +114,23 @@ def test_a_failed_check_never_shows_the_answer(capsys):
     assert "at least one of its 2 values is not right" in out and "part 1" not in out
 
 
+def test_a_set_answer_takes_any_order_and_keeps_its_size_unsaid(capsys):
+    """Review 07-s4r1: E2's cached free blocks were checked in free-queue order, which the prompt never asked for, and
+    a wrong list was told its length ("part 2 has 2 values, not the number wanted"), half the answer."""
+    for order in ([0, 3], [1]), ([0, 3], (1,)), ([0, 3], {1}):
+        assert check.exercise("visualizer-cached-prefix", order)
+    capsys.readouterr()
+    assert not check.exercise("visualizer-cached-prefix", ([0, 3], [0, 1]))
+    out = capsys.readouterr().out
+    assert "at least one of its 2 values is not right" in out and "values, not the number" not in out
+    assert not check.exercise("visualizer-cached-prefix", ([0, 3], [1, 2]))  # the slip, in any order, is named
+    assert "partly filled last block" in capsys.readouterr().out
+    # a prediction whose part's length is half its answer: that length is not said either
+    check.prediction("visualizer-free-returns", (4, [2], 1), (4, [3, 2], 1))
+    out = capsys.readouterr().out
+    assert "at least one of its 3 values is not right" in out and "values, not the number" not in out
+
+
 def test_a_known_mistake_is_named_without_the_answer(capsys):
     assert not check.report("x", 4, 3, "hint", mistakes=[(4, "you counted the prompt blocks once per sample.")])
     out = capsys.readouterr().out

@@ -10,7 +10,8 @@ to a student who asks for it.
 
 Values are compared, not types: a list, a tuple, a numpy array and a torch
 tensor holding the same numbers are the same answer (the check says so when
-only the type differs).
+only the type differs).  Where an exercise's answer is a set (values whose order
+is not asked), any sequence of those values is right.
 
 Two modes:
 
@@ -66,16 +67,30 @@ def _kind(value) -> str:
     return type(value).__name__
 
 
-def difference(got, expected, tolerance: float = 0.0, where: str = "") -> str | None:
-    """What is wrong with ``got``, in words that do not give ``expected`` away; None when they agree."""
+def difference(got, expected, tolerance: float = 0.0, where: str = "", sizes: bool = True) -> str | None:
+    """What is wrong with ``got``, in words that do not give ``expected`` away; None when they agree. An expected
+    set is an answer whose order does not count: any sequence of the same values is right, and a wrong one is only
+    "not right", never told its size (how many values there are is half such an answer). ``sizes=False`` keeps the
+    size of every part unsaid the same way (the answer's own parts are still counted: that is its format)."""
+    if isinstance(expected, (set, frozenset)):
+        if not isinstance(got, (list, tuple, set, frozenset)):
+            return f"{where or 'the answer'} should be a collection of values (in any order), not a {_kind(got)}"
+        try:
+            same = set(got) == expected
+        except TypeError:  # unhashable members (lists): not the values asked for
+            same = False
+        return None if same else f"{where or 'the answer'} is not right"
     if isinstance(expected, list):
         if not isinstance(got, list):
-            return f"{where or 'the answer'} should be a sequence of {len(expected)} values, not a {_kind(got)}"
+            values = "values" if where and not sizes else f"{len(expected)} values"
+            return f"{where or 'the answer'} should be a sequence of {values}, not a {_kind(got)}"
         if len(got) != len(expected):
+            if where and not sizes:
+                return f"{where} is not right"
             return f"{where or 'the answer'} has {len(got)} values, not the number wanted"
-        part = "part" if any(isinstance(e, list) for e in expected) else "value"  # ([5, 1, 0], 1): two parts
+        part = "part" if any(isinstance(e, (list, set, frozenset)) for e in expected) else "value"  # ([5, 1], 1)
         for i, (g, e) in enumerate(zip(got, expected)):
-            problem = difference(g, e, tolerance, f"{part} {i + 1} of {where}" if where else f"{part} {i + 1}")
+            problem = difference(g, e, tolerance, f"{part} {i + 1} of {where}" if where else f"{part} {i + 1}", sizes)
             if problem:
                 return problem
         return None
@@ -119,16 +134,17 @@ def _blank(value) -> bool:
 
 
 def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key: str | None = None,
-           mistakes=(), graded: bool = True) -> bool:
+           mistakes=(), graded: bool = True, sizes: bool = True) -> bool:
     """Compare one answer with the expected value; print (or, grading, raise) the verdict. True when right.
 
-    ``graded=False`` (predictions): the verdict is printed even while grading, never raised.
+    ``graded=False`` (predictions): the verdict is printed even while grading, never raised. ``sizes=False``: a part
+    of the wrong length is only "not right" (see ``difference``).
     ``mistakes``: ``(wrong_answer, why)`` pairs; an answer equal to a known wrong one is told what went wrong in
     the reasoning that leads there (``why``), which says more than "not right" and gives nothing away."""
     if _blank(got) or (isinstance(got, (list, tuple)) and any(_blank(g) for g in got)):
         _fail(f"{FAIL} {name}: no answer yet - replace the ... with your answer.", None, graded)
         return False
-    problem = difference(plain(got), plain(expected), tolerance)
+    problem = difference(plain(got), plain(expected), tolerance, sizes=sizes)
     if problem and isinstance(expected, tuple) and problem.endswith("is not right"):
         # several answers to one question: which of them is right is not said, or they could be solved one by one
         problem = f"at least one of its {len(expected)} values is not right (the check does not say which)"
@@ -155,7 +171,7 @@ def prediction(key: str, got, truth) -> None:
         raise PagedKVKeyError(f"there is no prediction {key!r}; a prediction id is the slug its check cell names, "
                               f"one of: {', '.join(PREDICTIONS)}.") from None
     report(question.title, got, truth, hint=question.hint, tolerance=question.tolerance, mistakes=question.mistakes,
-           graded=False)
+           graded=False, sizes=question.sizes)
 
 
 def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", key: str | None = None) -> bool:

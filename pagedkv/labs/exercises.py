@@ -417,7 +417,9 @@ def _tour_append_slot(slip: str = ""):
 
 def _cached_after_free(partial_named: bool = False):
     """Prefix caching on, block size 4, 12 blocks: A (10 tokens) added, B with A's first 6 tokens added, A freed:
-    B's block table, and the free blocks that still hold a cached prefix, in free-queue order."""
+    B's block table, and the set of free blocks that still hold a cached prefix (their order is not asked: the
+    check takes them in any order and never says how many there are). ``partial_named`` replays a slip: A's partly
+    filled last block named too."""
     from ..viz import BlockTableVisualizer
 
     viz = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=4, enable_prefix_caching=True)
@@ -425,7 +427,7 @@ def _cached_after_free(partial_named: bool = False):
     b = viz.add_sequence(6, reuse_prompt=True)
     viz.free("A")
     state = viz.snapshot()
-    cached = [i for i in state.free_block_ids() if state.blocks[i].block_hash or (partial_named and i == 2)]
+    cached = {i for i in state.free_block_ids() if state.blocks[i].block_hash or (partial_named and i == 2)}
     return state.tables[b], cached
 
 
@@ -995,13 +997,14 @@ EXERCISES: dict[str, Exercise] = {
                                  "after the fork, who else holds it, and may a shared block be written?"),
                                 (lambda: _tour_append_slot("fresh"), "a write never skips the free slots of its "
                                  "last block; what must C's own copy of that block hold before the token lands?")),
-                      hint="read block 3's ref count after the fork, and how full it is; a write to a shared block "
-                           "goes to a copy taken from the free queue's head. Then slot = block * block_size + "
-                           "offset."),
+                      hint="C's new token goes right after its last one: which block of C's table holds that "
+                           "place, who else holds that block once C is forked, and how full is it?"),
     "visualizer-cached-prefix": Exercise("(B's block table, free blocks still holding a cached prefix)",
                       notebook="block_table_visualizer", expected=_cached_after_free,
                       mistakes=((lambda: _cached_after_free(partial_named=True), "you named A's partly filled last "
-                                 "block; only a full block gets a prefix-cache name."),),
+                                 "block; only a full block gets a prefix-cache name."),
+                                (lambda: ([0, 1], set()), "B's second block would hold only 2 of the 4 tokens in A's "
+                                 "block 1: can a lookup by name find a block that B's tokens do not fill?")),
                       hint="B hits only A's full blocks that its own 6 tokens fill; freeing A drops one reference "
                            "from each of A's blocks, and a block goes to the free queue only when none is left."),
     "lane-work": Exercise("lane_work",

@@ -23,6 +23,7 @@ class Prediction:
     hint: str = ""
     mistakes: tuple = ()  # (a known wrong answer, what was wrong in the reasoning that gives it)
     tolerance: float = 0.0  # relative: an estimate (a share, a ratio) is right within this fraction of the run's
+    sizes: bool = True  # False: a part of the wrong length is only "not right" (where its length is half the answer)
 
 
 PREDICTIONS: dict[str, Prediction] = {
@@ -303,23 +304,51 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- block_table_visualizer
     "visualizer-free-returns": Prediction(
-        "your prediction (blocks that join the free queue, sorted; block 0's ref count)", "block_table_visualizer",
-        hint="a block joins the free queue only when its ref count falls to 0: which of B's blocks does nobody "
-             "else hold?",
+        "your prediction (the block handed out next, the blocks that join the free queue in its order, block 0's "
+        "ref count)", "block_table_visualizer", sizes=False,
+        hint="a block joins the free queue only when its ref count falls to 0: which of B's blocks does nobody else "
+             "hold? Then, for this widget's manager (notebook 03 §7): at which end of the queue does a freed block "
+             "wait, and in which order does a free walk a table (notebook 03 §5)?",
         mistakes=(
-            (([0, 2, 3], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
-            (([3], 1), "block 2 is B's private copy of block 1: who else holds it once B is freed?"),
-            (([0, 2, 3], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+            ((4, [2, 3], 1), "in which order does a free walk B's table, first block first or last block first "
+                             "(notebook 03 §5)?"),
+            ((3, [3, 2], 1), "that is the queue 0.33 (prefix caching off) and 0.6.3 would leave, freed blocks at "
+                             "its head; where does this widget's v0-shaped manager put one (notebook 03 §7)?"),
+            ((2, [2, 3], 1), "that puts each freed block at the queue's head; where does this widget's v0-shaped "
+                             "manager put one (notebook 03 §7)?"),
+            ((4, [3, 2, 0], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+            ((4, [3, 2, 0], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+            ((4, [3], 1), "block 2 is B's private copy of block 1: who else holds it once B is freed?"),
         ),
     ),
-
-    "visualizer-swap-out": Prediction(
-        "your prediction (B's CPU blocks, GPU blocks in use)", "block_table_visualizer",
-        hint="the CPU pool has its own free queue, as full as the GPU's was at the start; and what becomes of B's "
-             "GPU blocks once their contents are on the CPU?",
+    "visualizer-beam-first-step": Prediction(
+        "your prediction (blocks the beams hold after the first click, copy-on-write copies at the second)",
+        "block_table_visualizer",
+        hint="a fork adds references, not blocks. At the second click every beam writes its 7th token into the "
+             "same partly filled block: which writers find it shared, and does the last one (notebook 05)?",
         mistakes=(
-            (([2, 3], 2), "CPU block ids are the CPU pool's own, counted from its queue's head, not B's GPU ids."),
-            (([0, 1], 4), "once copied to the CPU, B's GPU blocks hold nothing B needs: they are freed."),
+            ((6, 2), "the beams are forked from one prefilled prompt: count blocks, not table entries."),
+            ((2, 3), "the last beam to write finds the block's ref count back at 1: does it still need a copy?"),
+            ((2, 0), "the 7th token goes into a block that is partly filled and shared by the three beams: may a "
+                     "shared block be written where it stands?"),
+        ),
+    ),
+    "visualizer-swap-in": Prediction(
+        "your prediction (C's block table, B's after the swap in)", "block_table_visualizer",
+        hint="C, and then B coming back, take GPU blocks from the free queue's head. Write the queue out after the "
+             "swap out: at which end does this widget's manager put a freed block, and in which order does it walk "
+             "B's table (notebook 03 §5 and §7)?",
+        mistakes=(
+            (([3, 2, 4], [5, 6]), "that is B's blocks freed to the queue's head, as 0.6.3's allocator does; where "
+                                  "does this widget's v0-shaped manager put them (notebook 03 §7)?"),
+            (([2, 3, 4], [5, 6]), "that is B's blocks freed to the queue's head; where does this widget's v0-shaped "
+                                  "manager put them (notebook 03 §7)?"),
+            (([4, 5, 6], [7, 2]), "in which order does the swap out hand B's blocks back to the queue, first block "
+                                  "first or last block first?"),
+            (([4, 5, 6], [2, 3]), "a swap in takes its GPU blocks from the queue's head, whatever ids B had before: "
+                                  "which blocks are at the head when B comes back?"),
+            (([4, 5, 6], [0, 1]), "those are B's CPU blocks; the swap in copies them into GPU blocks from the GPU "
+                                  "pool's free queue."),
         ),
     ),
 
