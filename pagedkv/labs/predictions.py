@@ -734,6 +734,24 @@ PREDICTIONS: dict[str, Prediction] = {
             (42 - 13, "do rejected drafts save rows, or cost them?"),
         ),
     ),
+    "spec-batch-steps": Prediction(
+        "your prediction (steps of the batch with speculation, without)", "speculative_decoding",
+        hint="in one engine step, which of the running requests get a forward? And after how many steps does the "
+             "last of them have its 24 tokens?",
+        mistakes=(
+            ((10 + 18, 24 + 24),
+             "that is the two runs one after the other; in one engine step, how many of the running requests get "
+             "a forward?"),
+            ((10 + 18, 24),
+             "without speculation the two share every step; do they stop sharing when drafts are proposed?"),
+            ((10, 24),
+             "the repetitive prompt is done after its 10 steps; is the batch done then?"),
+            ((14, 24),
+             "a batch has no average step count: when does generate return, and which request is still running "
+             "then?"),
+            ((18, 48), "without speculation, do the two requests take turns, or share each step?"),
+        ),
+    ),
 
     # ----------------------------------- kv_offloading
     "offload-second-turn": Prediction(
