@@ -312,8 +312,8 @@ PREDICTIONS: dict[str, Prediction] = {
         mistakes=(
             ((4, [2, 3], 1), "in which order does a free walk B's table, first block first or last block first "
                              "(notebook 03 §5)?"),
-            ((3, [3, 2], 1), "that is the queue 0.33 (prefix caching off) and 0.6.3 would leave, freed blocks at "
-                             "its head; where does this widget's v0-shaped manager put one (notebook 03 §7)?"),
+            ((3, [3, 2], 1), "that puts each freed block at the queue's head; where does this widget's v0-shaped "
+                             "manager put one (notebook 03 §7)?"),
             ((2, [2, 3], 1), "that puts each freed block at the queue's head; where does this widget's v0-shaped "
                              "manager put one (notebook 03 §7)?"),
             ((4, [3, 2, 0], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
@@ -321,16 +321,20 @@ PREDICTIONS: dict[str, Prediction] = {
             ((4, [3], 1), "block 2 is B's private copy of block 1: who else holds it once B is freed?"),
         ),
     ),
-    "visualizer-beam-first-step": Prediction(
-        "your prediction (blocks the beams hold after the first click, copy-on-write copies at the second)",
+    "visualizer-beam-second-click": Prediction(
+        "your prediction (copy-on-write copies at the second click, block 0's ref count after it)",
         "block_table_visualizer",
-        hint="a fork adds references, not blocks. At the second click every beam writes its 7th token into the "
-             "same partly filled block: which writers find it shared, and does the last one (notebook 05)?",
+        hint="at the second click every beam writes its 7th token into the same partly filled block: which writers "
+             "find it shared, and does the last one (notebook 05)? Then count the beams alive after the click, and "
+             "ask which of their blocks every one of them still holds.",
         mistakes=(
-            ((6, 2), "the beams are forked from one prefilled prompt: count blocks, not table entries."),
-            ((2, 3), "the last beam to write finds the block's ref count back at 1: does it still need a copy?"),
-            ((2, 0), "the 7th token goes into a block that is partly filled and shared by the three beams: may a "
+            ((3, 3), "the last beam to write finds the block's ref count back at 1: does it still need a copy?"),
+            ((0, 3), "the 7th token goes into a block that is partly filled and shared by the three beams: may a "
                      "shared block be written where it stands?"),
+            ((2, 1), "a dropped beam gives up its reference to block 0, but the beams that live on, forks "
+                     "included, all start with the prompt's first block: how many beams are there after the click?"),
+            ((2, 2), "a dropped beam gives up its reference to block 0, but the fork that replaces it adds one: how "
+                     "many beams are there after the click?"),
         ),
     ),
     "visualizer-swap-in": Prediction(
@@ -339,8 +343,8 @@ PREDICTIONS: dict[str, Prediction] = {
              "swap out: at which end does this widget's manager put a freed block, and in which order does it walk "
              "B's table (notebook 03 §5 and §7)?",
         mistakes=(
-            (([3, 2, 4], [5, 6]), "that is B's blocks freed to the queue's head, as 0.6.3's allocator does; where "
-                                  "does this widget's v0-shaped manager put them (notebook 03 §7)?"),
+            (([3, 2, 4], [5, 6]), "that is B's blocks freed to the queue's head; where does this widget's v0-shaped "
+                                  "manager put them (notebook 03 §7)?"),
             (([2, 3, 4], [5, 6]), "that is B's blocks freed to the queue's head; where does this widget's v0-shaped "
                                   "manager put them (notebook 03 §7)?"),
             (([4, 5, 6], [7, 2]), "in which order does the swap out hand B's blocks back to the queue, first block "
@@ -349,6 +353,34 @@ PREDICTIONS: dict[str, Prediction] = {
                                   "which blocks are at the head when B comes back?"),
             (([4, 5, 6], [0, 1]), "those are B's CPU blocks; the swap in copies them into GPU blocks from the GPU "
                                   "pool's free queue."),
+        ),
+    ),
+    "visualizer-v033-free": Prediction(
+        "your prediction (the free queue after 0.33 frees B: caching off, caching on)", "block_table_visualizer",
+        sizes=False,
+        hint="first which of B's blocks reach ref count 0, and in which order 0.33 walks B's table; then, for each "
+             "of them, does it hold a name, and so does prepend_n or append_n place it?",
+        mistakes=(
+            (([4, 5, 6, 7, 8, 9, 10, 11, 3, 2],) * 2, "that is this widget's rule, every freed block to the tail; "
+                                                     "0.33 puts a block without a name at the head."),
+            (([2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 11, 2]),
+             "in which order does 0.33 walk B's table, and does prepend_n keep that order?"),
+            (([3, 2, 4, 5, 6, 7, 8, 9, 10, 11],) * 2, "with caching on, B's full block 2 holds a name: at which end "
+                                                     "does 0.33 queue a named block?"),
+            (([3, 2, 0, 4, 5, 6, 7, 8, 9, 10, 11], [3, 0, 4, 5, 6, 7, 8, 9, 10, 11, 2]),
+             "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
+        ),
+    ),
+    "visualizer-v063-swap": Prediction(
+        "your prediction (C's block table, B's after the swap in, in 0.6.3)", "block_table_visualizer",
+        hint="write 0.6.3's queue out after A and B are added, then after the swap out: in which order does it walk "
+             "B's table, and at which end does each freed block go? C and B then take blocks from the head.",
+        mistakes=(
+            (([4, 5, 6], [7, 3]), "that is this widget's rule, freed blocks to the tail; 0.6.3 uses appendleft."),
+            (([2, 3, 4], [5, 6]), "0.6.3 walks B's table first block first, each block to the head: which of B's "
+                                  "blocks ends up first?"),
+            (([3, 2, 4], [2, 3]), "a swap in takes new GPU blocks from the head, whatever ids B had before: which "
+                                  "blocks are at the head once C has its three?"),
         ),
     ),
 
