@@ -112,6 +112,12 @@ class SimResult:
     swapped_blocks: int = 0  # blocks copied out to the CPU pool by swap preemptions
     time: float = 0.0  # the run's length in decode-step times (CostModel)
     history: list = field(default_factory=list)  # per step: (step, running, token_states share, start time)
+    saturated_time: float = 0.0  # decode-step times with requests waiting: what breakdown averages over
+    saturated_until: float = 0.0  # when the last step with requests waiting ended (none wait after it)
+    # Of external_fragmentation, the share from steps where the next waiting request would fit in the free slots
+    # taken together but in no single hole: fragmentation proper. The rest is free memory too small in total
+    # (a remainder: 15,700 slots hold 7 chunks of 2,048 and 1,364 slots more). Contiguous policies only; 0 for paged.
+    external_in_holes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,7 @@ class _Step:
     parts: tuple  # slots holding (token states, reservation, never used) over the running requests
     time: float  # the step's duration in decode-step times
     finished: int
+    held_back_by_holes: bool = False  # the next waiting request fits the free slots in total, but no single hole
     preemptions: int = 0  # running totals so far (paged only)
     recomputed_tokens: int = 0
     swapped_blocks: int = 0
@@ -170,12 +177,13 @@ def _serve_contiguous(pairs, budget: int, max_len: int, chunk_of, cost: CostMode
     waiting = deque(pairs)
     running = []  # [start, chunk, prompt_len, output_len, generated]
     while waiting or running:
-        prefill_tokens = 0
+        prefill_tokens, held_back_by_holes = 0, False
         while waiting:  # first come, first served: no overtaking
             prompt_len, output_len = waiting[0]
             chunk = min(chunk_of(prompt_len + output_len), max_len)
             start = space.allocate(chunk)
             if start is None:
+                held_back_by_holes = sum(size for _, size in space.holes) >= chunk
                 break
             waiting.popleft()
             running.append([start, chunk, prompt_len, output_len, 0])
@@ -190,7 +198,7 @@ def _serve_contiguous(pairs, budget: int, max_len: int, chunk_of, cost: CostMode
             space.free(r[0], r[1])
             running.remove(r)
         yield _Step(bool(waiting), len(running) + len(done), (tokens, future, never),
-                    cost.step_time(prefill_tokens), len(done))
+                    cost.step_time(prefill_tokens), len(done), held_back_by_holes)
 
 
 def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostModel, preemption_mode: str,
@@ -225,7 +233,8 @@ def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostMo
         finished = len(scheduler.update(out, dict.fromkeys(out.scheduled, 0)))
         yield _Step(saturated, len(running), (tokens, future, used - tokens - future),
                     cost.step_time(prefill_tokens, swapped_blocks, block_size), finished,
-                    scheduler.num_preemptions, scheduler.num_recomputed_tokens, scheduler.num_swapped_blocks)
+                    preemptions=scheduler.num_preemptions, recomputed_tokens=scheduler.num_recomputed_tokens,
+                    swapped_blocks=scheduler.num_swapped_blocks)
 
 
 def _serve_paged_v1(pairs, budget: int, max_len: int, block_size: int, cost: CostModel, max_num_batched_tokens):
@@ -259,7 +268,7 @@ def _serve_paged_v1(pairs, budget: int, max_len: int, block_size: int, cost: Cos
         finished = len(scheduler.update_from_output(out, dict.fromkeys(sampling, 0)))
         yield _Step(saturated, running, (tokens, filled - tokens, used - filled),
                     cost.step_time(out.total_num_scheduled_tokens - decodes), finished,
-                    scheduler.num_preemptions, scheduler.num_recomputed_tokens, 0)
+                    preemptions=scheduler.num_preemptions, recomputed_tokens=scheduler.num_recomputed_tokens)
 
 
 def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requests: int = 1000,
@@ -294,6 +303,7 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
 
     sums = dict.fromkeys(PARTS, 0.0)
     peak, saturated_time, running_time, finished_while_saturated, total_time = None, 0.0, 0.0, 0, 0.0
+    external_in_holes, saturated_until = 0.0, 0.0
     history, num_steps, step = [], 0, None
     bar = tqdm(total=len(pairs), desc=f"{policy} on {workload}", delay=1.0, disable=progress is False, leave=False)
     for step in steps:
@@ -307,6 +317,9 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
             saturated_time += step.time
             running_time += step.running * step.time
             finished_while_saturated += step.finished
+            saturated_until = total_time + step.time
+            if step.held_back_by_holes:
+                external_in_holes += fractions[3] * step.time
         if record_history:
             history.append((num_steps, step.running, fractions[0], total_time))
         total_time += step.time
@@ -316,10 +329,12 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
     if saturated_time == 0:
         raise PagedKVValueError(f"the server was never saturated (every request fit at once), so there is no "
                                 f"waste to measure; use more requests or a smaller budget_tokens ({budget_tokens}).")
+    external = sums["external_fragmentation"]
     return SimResult(policy, workload if lengths is None else "custom", budget_tokens,
                      {part: sums[part] / saturated_time for part in PARTS}, peak, running_time / saturated_time,
                      1000 * finished_while_saturated / saturated_time, num_steps, step.preemptions,
-                     step.recomputed_tokens, step.swapped_blocks, total_time, history)
+                     step.recomputed_tokens, step.swapped_blocks, total_time, history, saturated_time,
+                     saturated_until, external_in_holes / external if external > 0 else 0.0)
 
 
 def _pairs(lengths) -> list[tuple[int, int]]:

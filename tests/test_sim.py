@@ -101,3 +101,21 @@ def test_the_v1_policy_serves_everything_by_recompute_with_paged_memory():
         assert r.breakdown["token_states"] > 0.9 and r.preemptions > 0 and r.recomputed_tokens > 0
     assert abs(v1.breakdown["token_states"] - v0.breakdown["token_states"]) < 0.03  # the same blocks
     assert chunked.steps > v1.steps  # a 256-token budget spreads prompts over more steps
+
+
+def test_external_fragmentation_split_into_holes_and_remainder():
+    """reserve_max's free memory is the budget's remainder beside whole chunks, never a hole; the oracle's is
+    mostly holes (the next request would fit the free slots taken together, but no single one); paging has none."""
+    runs = {p: simulate(p, "sharegpt", num_requests=300, progress=False) for p in ("reserve_max", "oracle", "paged")}
+    assert runs["reserve_max"].external_in_holes == 0
+    assert runs["reserve_max"].breakdown["external_fragmentation"] == pytest.approx(15_700 % 2048 / 15_700, abs=1e-3)
+    assert runs["oracle"].external_in_holes > 0.9
+    assert runs["paged"].external_in_holes == 0
+    for r in runs.values():
+        assert 0 < r.saturated_time <= r.saturated_until <= r.time
+
+
+def test_holes_are_told_from_a_remainder():
+    # two 30-slot requests in 64 slots, then one of 40: 4 slots left over, never enough for it (no hole)
+    r = simulate("oracle", lengths=[(20, 10), (20, 10), (30, 10)], budget_tokens=64, max_len=40, progress=False)
+    assert r.external_in_holes == 0 and r.breakdown["external_fragmentation"] > 0

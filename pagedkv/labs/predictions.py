@@ -61,15 +61,30 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
 
     # ----------------------------------- memory_waste
+    "oracle-chunk-fill": Prediction(
+        "your prediction (% of request 0's oracle chunk in token states, over its decode steps)", "memory_waste",
+        hint="how full is the chunk after the request's first step, and after its last? In between it gains one slot "
+             "a step.",
+        mistakes=(
+            (50, "the chunk does not start empty: the prompt's 120 token states are in it from the first step."),
+            (100 * 329 / 2 / 449, "you counted the output's tokens only; the prompt's 120 token states are in the "
+                                  "chunk from the first step."),
+            (100 * (120 + 329 / 2) / 2048, "that is a 2,048-slot chunk, reserve_max's; the oracle's is exactly the "
+                                           "final length, 449 slots."),
+        ),
+        tolerance=0.1,
+    ),
     "oracle-token-share": Prediction(
         "your prediction (% of memory in token states, oracle)", "memory_waste",
-        hint="the oracle's chunk is exactly the final length, but it is held from admission to the last token: how "
-             "much of it holds a token halfway through? And does a waiting request always fit the holes left free?",
+        hint="the chunks are about 60% full over their lives; what else is the memory, while requests wait? How "
+             "much of it might sit free between chunks, in holes too small for the next request?",
         mistakes=(
             (100, "knowing the lengths removes internal fragmentation only: a chunk still holds slots for tokens "
                   "not yet produced, and holes between chunks fit nobody."),
+            (60, "that is how full the chunks are; while requests wait, the free slots between chunks are part of "
+                 "the memory too."),
         ),
-        tolerance=0.2,
+        tolerance=0.15,
     ),
     "alpaca-reserve-max-share": Prediction(
         "your prediction (% in token states under reserve_max on Alpaca)", "memory_waste", tolerance=0.5,
