@@ -167,25 +167,25 @@ def test_grading_mode_raises_the_same_message(capsys):
     try:
         with pytest.raises(AssertionError, match="no answer yet"):
             check.exercise("next-block-after-frees", ...)
-        with pytest.raises(AssertionError, match=r"E1 \(next block after two calls, after one call\)"):
-            check.exercise("next-block-after-frees", (0, 0))
+        with pytest.raises(AssertionError, match=r"E1 the blocks get_new_blocks\(3\) returns"):
+            check.exercise("next-block-after-frees", [0, 0, 0])
         with pytest.raises(AssertionError, match="no answer yet - write the function's body"):
             check.exercise("lane-work", lambda *args: exec("raise NotImplementedError"))
-        assert check.exercise("next-block-after-frees", (0, 2))
+        assert check.exercise("next-block-after-frees", [3, 0, 2])
     finally:
         check.grading(False)
-    assert capsys.readouterr().out.startswith("[ok] E1 (next block after two calls, after one call)")
+    assert capsys.readouterr().out.startswith("[ok] E1 the blocks get_new_blocks(3) returns")
 
 
 @pytest.mark.parametrize("execution", ["autograde", "validate"])
 def test_grading_is_on_by_itself_under_nbgrader(monkeypatch, capsys, execution):
     """nbgrader sets NBGRADER_EXECUTION for the kernels it runs: no hidden line needed to grade."""
     monkeypatch.setenv("NBGRADER_EXECUTION", execution)
-    with pytest.raises(AssertionError, match=r"E1 \(next block after two calls, after one call\)"):
-        check.exercise("next-block-after-frees", (0, 0))
+    with pytest.raises(AssertionError, match=r"E1 the blocks get_new_blocks\(3\) returns"):
+        check.exercise("next-block-after-frees", [0, 0, 0])
     monkeypatch.delenv("NBGRADER_EXECUTION")
-    assert not check.exercise("next-block-after-frees", (0, 0))  # a student's notebook: a message, no exception
-    assert "[not yet] E1 (next block after two calls, after one call)" in capsys.readouterr().out
+    assert not check.exercise("next-block-after-frees", [0, 0, 0])  # a student's notebook: a message, no exception
+    assert "[not yet] E1 the blocks get_new_blocks(3) returns" in capsys.readouterr().out
 
 
 def test_every_exercise_solution_passes_its_own_check(capsys):
@@ -244,11 +244,11 @@ def test_a_failed_check_while_grading_shows_only_its_message():
     check.grading()
     try:
         with pytest.raises(CheckFailed) as failure:
-            check.exercise("next-block-after-frees", (0, 0))
+            check.exercise("next-block-after-frees", [0, 0, 0])
     finally:
         check.grading(False)
     assert failure.value._render_traceback_() == [f"AssertionError: {failure.value}"]
-    assert str(failure.value).startswith("[not yet] E1 (next block after two calls, after one call)")
+    assert str(failure.value).startswith("[not yet] E1 the blocks get_new_blocks(3) returns")
 
 
 def test_the_sanitize_file_drops_the_simulator_notice():

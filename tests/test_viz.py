@@ -448,3 +448,39 @@ def test_named_strips_refuse_marks_for_unknown_rows():
         draw_named_strips({"A sliding": [True]}, {"A full": {"replay": 3}})
     with pytest.raises(PagedKVValueError, match="kinds among"):
         draw_named_strips({"A sliding": [True]}, {"A sliding": {"resume": 3}})
+
+
+def test_a_bare_pool_is_drawn_with_its_ref_counts():
+    """Notebook 03 draws a BlockPool alone: blocks in use are grey (no table says whose), each with its count."""
+    from pagedkv.v1.block_pool import BlockPool
+
+    pool = BlockPool(num_gpu_blocks=4, block_size=4, enable_caching=False)
+    block = pool.get_new_blocks(1)[0]
+    pool.touch([block])
+    state = pool.snapshot()
+    assert state.tables == {} and state.blocks[block].ref_count == 2 and state.free_block_ids() == [1, 2, 3]
+    ax = draw_block_map(state, ref_counts=True, key=True)
+    assert "ref 2" in texts(ax) and "x2" not in texts(ax) and "#0" in texts(ax)
+    labels = [t.get_text() for t in ax.figure.legends[0].get_texts()]
+    assert any(label.startswith("grey: in use") for label in labels) and any("ref N" in label for label in labels)
+    assert not any("block table" in label or "stripes" in label for label in labels)  # no tables, no sharing drawn
+    pool.free_blocks([block])
+    pool.free_blocks([block])
+    assert pool.snapshot().free_block_ids() == [0, 1, 2, 3]
+
+
+def test_the_slot_map_numbers_each_slot_by_the_formula():
+    from pagedkv.v1 import KVCacheManager, Request
+    from pagedkv.viz import draw_slots, render_slots, slot_mapping
+
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=12, enable_caching=False)
+    for name, n in (("A", 6), ("B", 9)):
+        kv.allocate_slots(Request(name, list(range(n)), max_tokens=1), n)
+    state = kv.snapshot()
+    assert slot_mapping(state, "B") == [8, 9, 10, 11, 12, 13, 14, 15, 16]
+    assert "logical 1 -> block 1: slots 4-7 hold positions 4-5 (slots 6-7 empty)" in render_slots(state, ["A"])
+    ax = draw_slots(state, ["A", "B"])
+    assert [str(s) for s in range(20)] == [t for t in texts(ax) if t.isdigit()]  # every slot of the five blocks
+    assert "pos 8" in texts(ax) and "pos 9" not in texts(ax) and "B: logical 2 -> block 4" in texts(ax)
+    with pytest.raises(ValueError, match="holds no blocks"):
+        slot_mapping(state, "C")

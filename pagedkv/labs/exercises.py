@@ -86,35 +86,33 @@ def _mla_bytes_and_ratio(rope_values: int = 64, value_bytes: int = 2):
 
 
 # ---------------------------------------- free_list_allocation
-def _next_block_after_frees(one_by_one_in_one_call: bool = False, to_tail: bool = False):
-    """vLLM today's pool, caching off: a fresh 5-block pool hands out 4 blocks (0 to 3). Blocks 2 and 0 are freed
-    in two calls (``free_blocks([2])``, then ``free_blocks([0])``), or in one call (``free_blocks([2, 0])``) on a
-    second, identical pool: the block ``get_new_blocks(1)`` returns next, in each case. The flags replay slips:
-    treating one call as freeing its blocks one after another, or putting freed blocks at the tail."""
+def _next_block_after_frees(ignore_ref_counts: bool = False, one_by_one_in_one_call: bool = False,
+                            to_tail: bool = False):
+    """vLLM today's pool, caching off: a fresh 6-block pool hands out 4 blocks (0 to 3), and a second user touches
+    block 1. Then ``free_blocks([2])``, and ``free_blocks([3, 1, 0])`` in one call: the blocks ``get_new_blocks(3)``
+    returns next, in order. The flags replay slips: a touched block freed as if it had one user, one call's blocks
+    put back one after another, or freed blocks put at the tail."""
     from ..v1.block_pool import BlockPool
 
-    def fresh():
-        pool = BlockPool(num_gpu_blocks=5, block_size=16, enable_caching=False)
-        pool.get_new_blocks(4)
-        return pool
+    pool = BlockPool(num_gpu_blocks=6, block_size=16, enable_caching=False)
+    pool.get_new_blocks(4)
+    if not ignore_ref_counts:
+        pool.touch([1])
 
-    def free(pool, block_ids):
+    def free(block_ids):
         if to_tail:
             for block_id in block_ids:
-                pool.allocator.free(block_id)
+                pool.allocator.free(block_id)  # one user fewer; at 0, to the tail
         else:
             pool.free_blocks(block_ids)
 
-    two_calls = fresh()
-    free(two_calls, [2])
-    free(two_calls, [0])
-    one_call = fresh()
+    free([2])
     if one_by_one_in_one_call:
-        free(one_call, [2])
-        free(one_call, [0])
+        for block_id in (3, 1, 0):
+            free([block_id])
     else:
-        free(one_call, [2, 0])
-    return two_calls.get_new_blocks(1)[0], one_call.get_new_blocks(1)[0]
+        free([3, 1, 0])
+    return pool.get_new_blocks(3)
 
 
 def _table_after_a_free(freed_to: str = "0.33"):
@@ -901,16 +899,17 @@ EXERCISES: dict[str, Exercise] = {
                       hint="a chunk is held whole from admission to the end; a paged request holds whole blocks "
                            "for the tokens it has. An empty slot is reserved if a later token of this request "
                            "will land in it, internal if none will."),
-    "next-block-after-frees": Exercise("(next block after two calls, after one call)",
+    "next-block-after-frees": Exercise("the blocks get_new_blocks(3) returns",
                       notebook="free_list_allocation", expected=_next_block_after_frees,
-                      mistakes=((lambda: _next_block_after_frees(one_by_one_in_one_call=True), "in one call, "
-                                 "free_blocks does not put the blocks back one after another: its list goes to the "
-                                 "head as a whole, in the order given (its docstring: the first block will be "
-                                 "evicted first)."),
+                      mistakes=((lambda: _next_block_after_frees(ignore_ref_counts=True), "block 1 had two users "
+                                 "when free_blocks([3, 1, 0]) ran: how many has it after that call, and is it free?"),
+                                (lambda: _next_block_after_frees(one_by_one_in_one_call=True), "you put the blocks "
+                                 "of free_blocks([3, 1, 0]) back one after another. Does one call hand the queue its "
+                                 "blocks one at a time, or as one list? Compare section 5's free(B)."),
                                 (lambda: _next_block_after_frees(to_tail=True), "you put the freed blocks at the "
                                  "tail; with caching off, which end does free_blocks put them at?")),
-                      hint="write the free queue out after every call, both times: which end does a freed block "
-                           "join, and in one call, which of the blocks handed over ends up first?"),
+                      hint="write out the free queue and the ref counts of blocks 0 to 3 after every call: which "
+                           "blocks reach 0, to which end do they go, and in which order?"),
     "table-after-a-free": Exercise("(Z's block table, the slot of Z's last token)",
                       notebook="free_list_allocation", expected=_table_after_a_free,
                       mistakes=((lambda: _table_after_a_free(freed_to="tail"), "you put X's freed blocks at the "
@@ -920,7 +919,7 @@ EXERCISES: dict[str, Exercise] = {
                                  "first.")),
                       hint="write the free queue out after every call: in which order does freeing a request give "
                            "its blocks back, and to which end? Then slot = block * block_size + offset."),
-    "watermark-longest-prompts": Exercise("(longest prompt admitted now, longest ever admitted)",
+    "watermark-longest-prompts": Exercise("(longest prompt answered OK now, longest not answered NEVER)",
                       notebook="free_list_allocation", expected=_longest_prompts,
                       mistakes=((lambda: _longest_prompts(watermark=0.0), "you let a prompt take every free "
                                  "block; both tests keep the watermark's blocks back."),

@@ -118,39 +118,36 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="what is block 0's count after get_new_blocks and touch, what does each free_blocks do to it, and where "
              "does a block go when its count reaches 0?",
         mistakes=(
-            ([1, 2, 3], "touch made two owners and free_blocks was called twice: the count is back at 0, so the block "
-                        "is free again."),
+            ([1, 2, 3], "touch made two owners, and free_blocks ran twice: what is block 0's count after the second "
+                        "call, and what happens to a block at 0?"),
             ([1, 2, 3, 0], "the count did reach 0, but with caching off a freed block goes to the head of the queue, "
                            "not the tail (section 1)."),
             ([0, 0, 1, 2, 3], "a block is in the free queue once or not at all; a count above 1 keeps it out."),
         ),
     ),
-    "second-request-block-table": Prediction(
-        "your prediction (B's block table)", "free_list_allocation",
-        hint="6 tokens in blocks of 4 take how many blocks? B's table starts where A's ends.",
+    "token-in-a-slot": Prediction(
+        "your prediction (the request and position slot 13 holds)", "free_list_allocation",
+        hint="run the formula backwards: which physical block holds slot 13, and how far into it is the slot? Then "
+             "whose table holds that block, at which entry?",
         mistakes=(
-            ([1, 2, 3], "A's 6 tokens need two blocks; the second, half full, is still A's alone, so B starts "
-                        "at block 2."),
-            ([2, 3], "9 tokens in blocks of 4: the 9th token needs a block of its own."),
+            (("B", 13), "13 is the slot, a place in the pool; a position counts the request's own logical blocks, "
+                        "entry by entry of its table."),
+            (("B", 1), "1 is how far into its block the slot is; the position also counts the blocks before it in "
+                       "B's table."),
+            (("B", 13 - 6), "that is a contiguous cache, B's tokens right after A's 6; in pages each request fills "
+                            "blocks of its own, and A's second block keeps its two empty slots."),
         ),
     ),
-    "slot-of-a-token": Prediction(
-        "your prediction (the slot of B's token 6)", "free_list_allocation",
-        hint="which logical block holds position 6, which physical block is that in B's table, and how far into it"
-             " is the token?",
+    "decode-table-and-slot": Prediction(
+        "your prediction (A's table after 3 steps, the slot of A's newest token)", "free_list_allocation",
+        hint="when does A's last block fill up, where does the next block come from (the free queue printed in "
+             "section 3), and at which offset of it does the newest token sit?",
         mistakes=(
-            (6, "that is the token's position in the request, its place in a contiguous cache; a paged cache puts "
-                "it in a physical block from B's table."),
-            (2 * 4 + 2, "you took the physical block of B's first table entry; position 6 is in logical block "
-                        "6 // 4."),
-        ),
-    ),
-    "decode-last-block": Prediction(
-        "your prediction (A's last block)", "free_list_allocation",
-        hint="when does A's last block fill up, and where does the next block come from?",
-        mistakes=(
-            (1, "after 3 steps A has 9 tokens, and two blocks of 4 hold only 8: the 9th needs a new block."),
-            (2, "block 2 is B's; a new block comes from the head of the free queue, whatever A's blocks are."),
+            (([0, 1, 2], 8), "block 2 is B's; a new block comes from the head of the free queue, whatever A's blocks "
+                             "are."),
+            (([0, 1, 5], 8), "8 is the newest token's position in A; its slot is its place in the pool, in the "
+                             "physical block that holds it."),
+            (([0, 1, 5], 5 * 4 + 1), "A's 9th token is at position 8: which offset of its third block is that?"),
         ),
     ),
     "free-queue-after-finish": Prediction(
@@ -166,15 +163,30 @@ PREDICTIONS: dict[str, Prediction] = {
         "your prediction (blocks or None, per prompt)", "free_list_allocation",
         hint="count the free blocks first, then what each prompt needs at once.",
     ),
-    "chunk-or-full-sequence": Prediction(
-        "your prediction (a first chunk, with and without full_sequence_must_fit)", "free_list_allocation",
-        hint="how many blocks does the chunk need, how many does the whole prompt need, and which of the two does "
-             "each setting compare with the free blocks?",
+    "v0-admission-status": Prediction(
+        "your prediction (OK, LATER or NEVER, per prompt)", "free_list_allocation",
+        hint="first the watermark in blocks; then, for each prompt, two questions: would it leave the watermark free "
+             "in an empty pool of 100 blocks, and does it leave it free of the 40 free now?",
         mistakes=(
-            ((True, True), "with full_sequence_must_fit=True the whole 720-token prompt must fit, not just the chunk "
-                           "it runs now."),
-            ((False, False), "with full_sequence_must_fit=False only the chunk's own blocks must fit."),
-            ((True, False), "the two are the other way round: True is the stricter test, on the whole prompt."),
+            (("OK", "LATER", "LATER"), "1,600 tokens is 100 blocks, the whole pool: even in an empty pool, what would "
+                                       "it leave for the watermark?"),
+            (("OK", "NEVER", "NEVER"), "NEVER asks about the whole pool, not the blocks free now: would 45 blocks fit "
+                                       "once the running request finishes?"),
+            (("LATER", "LATER", "NEVER"), "30 blocks of the 40 free leave 10: is that less than the watermark?"),
+        ),
+    ),
+    "swap-in-table": Prediction(
+        "your prediction (A's GPU table after swap-in, the slot of A's last token)", "free_list_allocation",
+        hint="the free GPU queue printed above says which blocks go first: which does X take, which does A get, and "
+             "in which order do A's logical blocks come back?",
+        mistakes=(
+            (([0, 1, 2], 8), "A's old blocks went back to the free queue at swap-out; where in the queue, and who "
+                             "asks for blocks first?"),
+            (([3, 4, 5], 20), "X asked first: its 8 tokens took blocks from the queue's head before A came back."),
+            (([7, 6, 5], 28), "swap-in keeps A's logical order: entry i of the new table holds logical block i's "
+                              "contents."),
+            (([0, 3, 4], 16), "that is what 0.6.3 would do, with freed blocks at the head; pagedkv's v0-shaped manager "
+                              "put them at the tail: read the queue printed above."),
         ),
     ),
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..blocks import BlockAllocator
 from ..errors import NoFreeBlocksError
 from ..prefix import PrefixCache, PrefixCacheStats
+from ..state import BlockState, ManagerState
 
 
 class BlockPool:
@@ -95,3 +96,14 @@ class BlockPool:
             if block_id in cache.block_to_hash:
                 return cache.block_to_hash[block_id]
         return None
+
+    def snapshot(self) -> ManagerState:
+        """The pool alone, for drawing: every block's ref count and place in the free queue, and no tables (a pool
+        knows which blocks are in use, not by whom; ``KVCacheManager.snapshot()`` adds the requests). pagedkv's
+        addition: vLLM's ``BlockPool`` has no snapshot."""
+        free_pos = {b: i for i, b in enumerate(self.allocator.free_block_ids())}
+        blocks = tuple(BlockState(b, "gpu", self.allocator.refcount(b), (), 0, self.block_hash(b), free_pos.get(b))
+                       for b in range(self.allocator.num_blocks))
+        return ManagerState(block_size=self.allocator.block_size, blocks=blocks, tables={}, seq_devices={},
+                            num_gpu_blocks=self.allocator.num_blocks, prefix_caching=self.enable_caching,
+                            null_block=self.null_block)

@@ -35,6 +35,7 @@ PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#C
            "#FFAABB"]
 FREE, CACHED, EDGE, HIGHLIGHT, SOURCE = "#F4F4F4", "#C9C9C9", "#555555", "#CC0000", "#7B3294"
 NULL = "#3A3A3A"  # the null block: a placeholder, never holds tokens
+IN_USE = "#A6A6A6"  # a block in use that no table in the snapshot points at (a bare pool's)
 CPU_HATCH = ".."  # a table entry on a CPU block (a swapped-out sequence)
 STRIPES = "stripes, xN: shared by N sequences (ref count)"
 
@@ -72,7 +73,7 @@ def _block_refs(name: str, refs) -> set:
 
 def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None = None,
                    show_tables: bool = True, labels: bool | None = None, sources=(), columns: int | None = None,
-                   colors: dict | None = None, key: bool = False):
+                   colors: dict | None = None, key: bool = False, ref_counts: bool = False):
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
 
     ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline in red, e.g.
@@ -84,6 +85,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     (default: about twice as wide as tall).  ``colors``: seq_id -> colour to keep from an earlier drawing
     (``seq_colors(state, keep=...)``), so a sequence keeps its colour from one map to the next.  ``key``: a key
     under the figure for every mark used (for a figure of several maps, call :func:`add_block_map_key` once).
+    ``ref_counts``: print every used block's ref count (``ref 1``, ``ref 2``), not only a shared block's ``xN``. A
+    block in use that no table points at (a bare ``BlockPool``'s snapshot) is solid grey.
     """
     if not isinstance(state, ManagerState):
         raise PagedKVValueError(f"draw_block_map draws a snapshot, got {type(state).__name__}; pass "
@@ -117,7 +120,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         ax.text(x0, -0.35, f"{device.upper()} pool ({len(blocks)} blocks)", fontsize=9, weight="bold")
         for b in blocks:
             x, y = x0 + b.block_id % cols[device], b.block_id // cols[device]
-            _cell(ax, b, x, y, state.block_size, colors, fills, labels, b.block_id == state.null_block)
+            _cell(ax, b, x, y, state.block_size, colors, fills, labels, b.block_id == state.null_block, ref_counts)
             if device == "gpu" and b.block_id in unnamed:
                 hatched.add(x, y, CELL, CELL, EDGE)
             ref = (device, b.block_id)
@@ -145,10 +148,12 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
                           source="purple outline: a copy's source" if copied else None,
                           cached=any(b.is_free and b.block_hash for b in state.blocks),
                           null=state.null_block is not None,
-                          unnamed=bool(unnamed), shared=any(b.ref_count > 1 for b in state.blocks),
+                          unnamed=bool(unnamed), shared=any(b.ref_count > 1 and (len(b.seq_ids) > 1 or not ref_counts)
+                                                        for b in state.blocks),
                           sequences=colors if show_tables and 0 < len(colors) <= 8 else None,
                           cpu=any(d == "cpu" for d in state.seq_devices.values()),
-                          hashes=any(b.block_hash for b in state.blocks))
+                          hashes=any(b.block_hash for b in state.blocks), tables=bool(state.tables),
+                          ref_counts=ref_counts, unowned=_any_unowned(state))
     return ax
 
 
@@ -179,7 +184,12 @@ class _Rects:
         return rects
 
 
-def _cell(ax, b, x, y, block_size, colors, fills, labels, is_null=False):
+def _any_unowned(state) -> bool:
+    """A block in use that no table of the snapshot points at (a bare pool's snapshot has no tables)."""
+    return any(not b.is_free and not b.seq_ids and b.block_id != state.null_block for b in state.blocks)
+
+
+def _cell(ax, b, x, y, block_size, colors, fills, labels, is_null=False, ref_counts=False):
     if is_null:
         fills.add(x, y, CELL, CELL, NULL)
         if labels:
@@ -188,6 +198,8 @@ def _cell(ax, b, x, y, block_size, colors, fills, labels, is_null=False):
         return
     if b.is_free:
         fills.add(x, y, CELL, CELL, CACHED if b.block_hash else FREE)
+    elif not b.seq_ids:  # in use, but no table here says by whom
+        fills.add(x, y, CELL, CELL, IN_USE)
     else:
         owners = [s for s in b.seq_ids if s in colors] or [None]
         stripe = CELL / len(owners)
@@ -202,6 +214,9 @@ def _cell(ax, b, x, y, block_size, colors, fills, labels, is_null=False):
     ax.text(x + 0.04, y + 0.04, str(b.block_id), fontsize=8, va="top", zorder=4)
     if b.is_free:
         ax.text(x + 0.5, y + 0.5, f"#{b.free_position}", fontsize=8, ha="center", va="center", color="#555555",
+                zorder=4)
+    elif ref_counts:
+        ax.text(x + 0.5, y + 0.5, f"ref {b.ref_count}", fontsize=8, ha="center", va="center", weight="bold",
                 zorder=4)
     elif b.ref_count > 1:
         ax.text(x + 0.5, y + 0.5, f"x{b.ref_count}", fontsize=9, ha="center", va="center", weight="bold", zorder=4)
@@ -255,14 +270,15 @@ STRIPES = "stripes, xN: shared by N sequences (ref count)"
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
                       ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False,
                       shared: bool = True, filled: str = "slots with tokens", cpu: bool = False, hashes: bool = False,
-                      tables: bool = True):
+                      tables: bool = True, ref_counts: bool = False, unowned: bool = False):
     """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
     (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
     ends with it shows no legend object; the key is ``fig.legends[-1]``. ``shared=False`` leaves out the stripes'
     entry, for a figure where no block is shared; ``filled`` names the dark slots (e.g. "slots allocated", where a
     slot is held for a token not yet known); ``cpu=True`` adds the mark of a table entry on a CPU block; ``hashes=True``
     explains the text at a cell's bottom (a named block's hash); ``tables=False`` leaves out the sequence and table
-    entries, for a map with no sequences."""
+    entries, for a map with no sequences; ``ref_counts=True`` explains a used block's ``ref N``; ``unowned=True`` the
+    solid grey of a block in use that no table points at (a bare pool's)."""
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -278,6 +294,10 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
                blank("#n: place in the free queue (#0 goes next)"),
                blank("top-left number: physical block id"),
                *([blank("block table entry i: the physical block of logical block i")] if tables else [])]
+    if unowned:
+        handles.append(Patch(facecolor=IN_USE, edgecolor=EDGE, label="grey: in use (the pool alone: no tables)"))
+    if ref_counts:
+        handles.append(blank("ref N: the block's ref count (its users)"))
     if hashes:
         handles.append(blank("bottom text: the block's name (first 4 hex digits of its hash)"))
     if cached:
