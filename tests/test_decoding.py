@@ -97,3 +97,39 @@ def test_replayed_parallel_savings_equal_the_engines(width, prompt_len, output_l
     """The block-manager replay (no model) gives the engine's own saving for parallel sampling."""
     engine = sharing_savings("parallel", width, prompt_len, output_len, block_size)
     assert replayed_parallel_savings(width, prompt_len, output_len, block_size) == pytest.approx(engine)
+
+
+def test_admission_by_hand_hands_out_the_v1_engines_blocks():
+    """Notebook 06 redoes steps of vLLM's beam-search loop with notebook 04's two calls (``get_computed_blocks``,
+    then ``allocate_slots``) on a bare ``KVCacheManager``, freeing each step's requests after it: the tables, ref
+    counts, names and free queue must be the ones the v1 engine's scheduler hands out at each step's scheduling."""
+    from pagedkv import LLMEngine
+    from pagedkv.v1 import KVCacheManager, Request
+
+    engine = LLMEngine(tiny_model(), version="v1", num_gpu_blocks=16, block_size=4)
+    steps, schedule = [], engine.scheduler.schedule
+
+    def spy():
+        out = schedule()
+        tokens = [list(engine.scheduler.requests[r].all_token_ids) for r in out.scheduled_new_reqs]
+        steps.append((tokens, engine.snapshot()))
+        return out
+
+    engine.scheduler.schedule = spy
+    engine.generate([synthetic_prompt(7, seed=1)], BeamSearchParams(beam_width=4, max_tokens=4, ignore_eos=True))
+    assert len(steps) == 4  # one engine step a beam step: every request computes its tail and samples at once
+
+    def pool_view(state):
+        return ([(b.block_id, b.ref_count, b.num_tokens, b.block_hash) for b in state.blocks],
+                list(state.tables.values()), state.free_block_ids())
+
+    pool = KVCacheManager(block_size=4, num_gpu_blocks=16)
+    for step, (token_lists, engine_state) in enumerate(steps):
+        requests = [Request(f"{step}.{i}", tokens, max_tokens=1) for i, tokens in enumerate(token_lists)]
+        for request in requests:
+            hit_blocks, num_hit_tokens = pool.get_computed_blocks(request)
+            pool.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hit_blocks)
+            request.num_computed_tokens = request.num_tokens
+        assert pool_view(pool.snapshot()) == pool_view(engine_state), step
+        for request in requests:
+            pool.free(request)

@@ -311,22 +311,32 @@ PREDICTIONS: dict[str, Prediction] = {
                            "not table entries."),
         ),
     ),
-    "beam-first-drop": Prediction(
-        "your prediction (copies at step 2, the step of the first drop)", "beam_search_sharing",
-        hint="v0 gives every live beam a slot for its next token when it schedules a step, before sampling decides "
-             "which beams survive. At the end of step 1 all four beams come from the one prompt: what do their "
-             "2k proposals each look like at step 2?",
+    "beam-step-2-drops": Prediction(
+        "your prediction (beams dropped at step 2, blocks held at the end of step 2, copies at step 3)",
+        "beam_search_sharing",
+        hint="section 2's step 3: which of step 2's named second blocks do its requests hit, and what became of the "
+             "beams that filled the others? Here each beam held its own copy of that block after step 2's write, and a "
+             "dropped beam gives back what only it held. At step 3, does the block the survivors share have a free "
+             "slot?",
         mistakes=(
-            ((0, 2), "the beams forked at step 1 share the prompt's partly filled block, and each writes into it at "
-                     "step 2."),
-            ((4, 2), "the last beam to write finds the block's ref count back at 1: it writes in place."),
+            ((3, 5, 0), "5 is what step 2 allocated, before sampling; each dropped beam then gives back the blocks "
+                        "only it held, in the same step."),
+            ((3, 2, 3), "the block the survivors share at step 3 is full: a beam's next token needs a new block, and "
+                        "v0 copies a shared block only when the write lands in it (notebook 05)."),
+            ((3, 2, 4), "the block the survivors share at step 3 is full: a beam's next token needs a new block, and "
+                        "v0 copies a shared block only when the write lands in it (notebook 05)."),
+            ((3, 1, 0), "the survivors still share the prompt's first block, beside the second block they descend "
+                        "from."),
+            ((0, 5, 0), "section 2's step 3 hit only some of step 2's named second blocks: a beam nobody extends is "
+                        "dropped."),
         ),
     ),
     "whole-run-savings": Prediction(
         "your prediction (parallel sampling's saving, beam search's)", "beam_search_sharing",
         hint="parallel samples share the prompt's full blocks and nothing else: how many is that, against the "
              "blocks the four samples hold at the end? Beams also share what the beams they descend from "
-             "generated.",
+             "generated: in section 3.2 four beams held 6 blocks at step 6 where alone they would hold 12, and "
+             "here the prompt they all share is about four times longer.",
     ),
 
     # ----------------------------------- block_table_visualizer
