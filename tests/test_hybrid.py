@@ -99,6 +99,17 @@ def skipped_blocks(num_computed, window=WINDOW):
     return max(0, num_computed - window + 1) // BS
 
 
+def test_a_window_changes_how_many_pages_a_layer_keeps_never_a_pages_bytes():
+    """vLLM 0.33's SlidingWindowSpec inherits AttentionSpec.page_size_bytes: gpt-oss-120b's sliding and full layers
+    (8 KV heads of 64, bf16) have one page size (notebook 01, section 5); only the blocks each keeps differ."""
+    for window in (1, 128, 4096):
+        sliding = SlidingWindowSpec(16, 8, 64, "bfloat16", window)
+        assert sliding.page_size_bytes == FullAttentionSpec(16, 8, 64, "bfloat16").page_size_bytes == 32_768
+    sliding, full = SlidingWindowSpec(16, 8, 64, "bfloat16", 128), FullAttentionSpec(16, 8, 64, "bfloat16")
+    groups = get_kv_cache_groups([sliding, full])
+    assert len({g.page_size_bytes for g in groups}) == 1  # one pool block size serves both groups
+
+
 def test_groups_are_formed_as_vllm_forms_them():
     sw, full = SlidingWindowSpec(16, 16, 128, "bfloat16", 1024), FullAttentionSpec(16, 16, 128, "bfloat16")
     gemma = get_kv_cache_groups([full if (i + 1) % 6 == 0 else sw for i in range(62)])  # Gemma 3 27B's pattern

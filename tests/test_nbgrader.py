@@ -38,7 +38,7 @@ VENV = Path(sys.prefix)  # the environment these tests run in: make's VENV, alre
 
 # One plausible mistake per notebook: (the solution line, the wrong line).
 WRONG = {
-    "01": ("(16 * 2 * 80 * (8 // 4) * 128 * 2)", "(16 * 2 * 80 * 8 * 128 * 2)"),  # forgot tensor parallelism
+    "01": ("weight_bytes / tp", "weight_bytes / 4"),  # split the KV heads over 8 GPUs, not the weights
     "02": ("e2_never = 1 - (513 + 1024) / 2 / 1024", "e2_never = (1024 - 513) / 1024"),  # the worst case
     "03": ("next_blocks = [3, 0, 2]", "next_blocks = [0, 3, 2]"),  # one call's list put back block by block
     "04": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block

@@ -22,7 +22,8 @@ CONCEPTS: dict[str, str] = {
     "kv-memory-budget": "the blocks a GPU holds: memory left after weights and activations, divided by a block's bytes",
     "block": "a fixed-size page of KV slots for block_size consecutive tokens of one request",
     "block-size-tradeoff": "large blocks waste slots in each request's last block; small ones lengthen tables",
-    "per-layer-page-size": "layers whose K/V per token differ (MLA, sliding window, Mamba) need pages of their own",
+    "per-layer-page-size": ("each layer's KVCacheSpec sets its page: MLA changes the formula; a sliding window keeps "
+                            "the page, only fewer blocks; a Mamba state has a size of its own, padded to one"),
     "null-block": "a block reserved for good that a table points at where it holds no real block",
     # memory: waste
     "contiguous-reservation": "a contiguous chunk reserved per request for its longest possible output (Orca-style)",

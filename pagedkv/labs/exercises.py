@@ -43,15 +43,25 @@ class Exercise:
 
 
 # --------------------------------------- block_size_arithmetic
-def _tp4_blocks_per_gpu(tp: int = 4, heads_tp: int | None = None, utilization: float = 0.9):
-    """80 GiB cards: the budget is 0.9 of the card less a quarter of the weights and 2 GiB of activations."""
+def _tp_blocks_per_gpu(tp: int, heads_tp: int | None = None, weights_tp: int | None = None,
+                       utilization: float = 0.9):
+    """Llama-2-70B on one of ``tp`` 80 GiB cards, v0.6.3's rule: 0.9 of the card less the GPU's share of the
+    weights and 2 GiB of activations, cut into 16-token blocks of its share of the KV heads. ``heads_tp`` and
+    ``weights_tp`` replay slips: the heads, or the weights, split as if over another number of GPUs."""
     from ..sizing import MODELS, GiB, cache_block_bytes
 
     spec = MODELS["llama-2-70b"]
     heads_tp = tp if heads_tp is None else heads_tp
+    weights_tp = tp if weights_tp is None else weights_tp
     shard = dataclasses.replace(spec, num_heads=spec.num_heads // heads_tp, num_kv_heads=spec.num_kv_heads // heads_tp)
-    budget = utilization * 80 * GiB - (spec.weight_bytes / tp + 2 * GiB)
+    budget = utilization * 80 * GiB - (spec.weight_bytes / weights_tp + 2 * GiB)
     return int(budget // cache_block_bytes(shard, 16))
+
+
+def _tp_blocks_growth(**slip):
+    """Blocks per GPU at tensor parallelism 8 over blocks per GPU at 4: each GPU's block halves (one KV head where
+    it kept two) and its budget grows (an eighth of the weights where it held a quarter), so more than 2x."""
+    return _tp_blocks_per_gpu(8, **slip) / _tp_blocks_per_gpu(4, **slip)
 
 
 def _tp16_bytes_per_token():
@@ -74,13 +84,19 @@ def _tp16_heads_cut_in_half():
     return whole / 16, whole
 
 
-def _mla_bytes_and_ratio(rope_values: int = 64, value_bytes: int = 2):
-    """DeepSeek-V3's MLA cache (a 512-value latent + a 64-value RoPE key per token and layer, bf16, 61 layers)
-    against caching K and V of 128 heads of 128 (multi-head attention)."""
+def _mla_bytes_per_gpu(tp: int = 8, latent_split: bool = False, mha_tp: int | None = None, rope_values: int = 64,
+                       value_bytes: int = 2):
+    """DeepSeek-V3's MLA cache per token on one of ``tp`` GPUs: a 512-value latent + a 64-value RoPE key per layer,
+    bf16, 61 layers, kept whole on every GPU: it serves every head, so it cannot be split by head (vLLM 0.33:
+    ``ModelConfig.get_num_kv_heads`` in ``vllm/config/model.py`` is 1 for MLA, whatever the tensor parallelism).
+    Against one GPU's share of a plain-MHA model of that width (K and V of 128 heads of 128), its heads split over
+    the ``tp`` GPUs. ``latent_split``, ``mha_tp`` and the others replay slips."""
     from ..sizing import ModelSpec
 
     mla = (512 + rope_values) * 61 * value_bytes
-    mha = ModelSpec("mha-61", num_layers=61, num_heads=128, num_kv_heads=128, head_size=128,
+    mla = mla / tp if latent_split else mla
+    heads = 128 // (tp if mha_tp is None else mha_tp)
+    mha = ModelSpec("mha-61", num_layers=61, num_heads=heads, num_kv_heads=heads, head_size=128,
                     dtype="bfloat16").kv_bytes_per_token
     return mla, mha / mla
 
@@ -852,15 +868,17 @@ def _blocks_stored_by_a_turn(gpu_hit_blocks: int = 2, cpu_hit_blocks: int = 3):
 
 
 EXERCISES: dict[str, Exercise] = {
-    "tp4-blocks-per-gpu": Exercise("16-token blocks per GPU, Llama-2-70B with tensor parallelism 4",
-                      notebook="block_size_arithmetic", expected=_tp4_blocks_per_gpu,
-                      mistakes=((lambda: _tp4_blocks_per_gpu(heads_tp=1), "that is what one GPU would hold if it kept "
-                                 "every KV head of the model; under tensor parallelism it keeps only its share."),
-                                (lambda: _tp4_blocks_per_gpu(utilization=1.0), "you gave the cache the whole card; "
-                                 "vLLM uses only gpu_memory_utilization of it."),),
-                      hint="first the budget: what may vLLM use of one card, and what of it do the weights and "
-                           "activations already take? Then the block: which KV heads does one GPU store, and for "
-                           "how many layers?"),
+    "tp-blocks-growth": Exercise("blocks per GPU at tensor parallelism 8 over those at 4, Llama-2-70B",
+                      notebook="block_size_arithmetic", expected=_tp_blocks_growth, tolerance=0.01,
+                      mistakes=((lambda: _tp_blocks_growth(weights_tp=4), "you halved each GPU's block, but left it "
+                                 "the weights it held at 4 GPUs; the weights are split over 8 GPUs too, so each GPU's "
+                                 "budget grows as well."),
+                                (lambda: _tp_blocks_growth(heads_tp=4), "you grew each GPU's budget, but kept its "
+                                 "block as at 4 GPUs; over 8 GPUs each keeps one of the 8 KV heads, not two."),
+                                (lambda: _tp_blocks_growth(utilization=1.0), "you gave the cache the whole card; "
+                                 "vLLM uses only gpu_memory_utilization of it.")),
+                      hint="twice as many GPUs share the model: list what one GPU holds (weights, activations, "
+                           "blocks) and, for each, whether it shrinks; then what the block itself holds."),
     "tp16-kv-heads": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)",
                       notebook="block_size_arithmetic", expected=_tp16_bytes_per_token,
                       mistakes=((_tp16_heads_cut_in_half, "you gave each GPU a fraction of a KV head; a GPU keeps "
@@ -868,14 +886,19 @@ EXERCISES: dict[str, Exercise] = {
                       hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
                            "attend with. If 16 GPUs share 8 KV heads, which KV head does GPU 3 need, and which other "
                            "GPU needs the same one?"),
-    "mla-bytes-per-token": Exercise("(MLA bytes per token, times fewer than MHA)",
-                      notebook="block_size_arithmetic", expected=_mla_bytes_and_ratio, tolerance=0.01,
-                      mistakes=((lambda: _mla_bytes_and_ratio(rope_values=0), "you counted the latent alone; MLA "
+    "mla-bytes-per-gpu": Exercise("(MLA bytes per token on each of 8 GPUs, times fewer than MHA's on each)",
+                      notebook="block_size_arithmetic", expected=_mla_bytes_per_gpu, tolerance=0.01,
+                      mistakes=((lambda: _mla_bytes_per_gpu(latent_split=True), "you split the latent over the GPUs "
+                                 "as if it were heads; it serves every head, so each GPU keeps all of it."),
+                                (lambda: _mla_bytes_per_gpu(mha_tp=1), "you compared with the whole MHA model's cache; "
+                                 "at tensor parallelism 8 each GPU keeps only its share of MHA's heads."),
+                                (lambda: _mla_bytes_per_gpu(rope_values=0), "you counted the latent alone; MLA "
                                  "also caches a small decoupled RoPE key per token and layer."),
-                                (lambda: _mla_bytes_and_ratio(value_bytes=1), "you counted values, not bytes: each "
+                                (lambda: _mla_bytes_per_gpu(value_bytes=1), "you counted values, not bytes: each "
                                  "bf16 value takes 2 bytes.")),
-                      hint="MLA keeps one latent and one RoPE key per layer, not K and V per head; MHA keeps K "
-                           "and V for every head of every layer."),
+                      hint="a GPU computes attention for its share of the heads: which cached values does each of "
+                           "those heads read, under MLA and under MHA? MLA keeps a latent and a RoPE key per layer, "
+                           "MHA K and V per head."),
     "reservation-outgrown": Exercise("tokens produced when token states first outnumber the chunk's empty slots",
                       notebook="memory_waste",
                       expected=_states_outnumber_reserved,

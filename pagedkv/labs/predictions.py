@@ -52,12 +52,26 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
     "block16-waste-share": Prediction(
         "your prediction (% of slots wasted at block size 16)", "block_size_arithmetic",
-        hint="only a sequence's last block can be partly empty: how full is it on average, and how many slots does "
-             "a sequence of about 1,000 tokens hold?",
+        hint="only a sequence's last block can be partly empty. Over many lengths, how many of its 16 slots are "
+             "empty on average (not in one sequence), and how many slots does a sequence of average length hold?",
         mistakes=(
+            (15 / 1024 * 100, "that is one sequence whose last block is nearly empty, like the 1,009 tokens above; "
+                              "over many lengths a last block is on average about half full."),
             (16 / 1025 * 100, "that is a whole empty block per sequence; a last block is on average about half full."),
         ),
         tolerance=0.25,
+    ),
+    "sliding-page-ratio": Prediction(
+        "your prediction (full page / sliding page, full K/V / sliding K/V at 4,096 tokens)", "block_size_arithmetic",
+        tolerance=0.25,
+        hint="read page_size_bytes term by term: which term would a window change? Then, separately: how many "
+             "tokens' K/V must each kind of layer still hold for a request 4,096 tokens long?",
+        mistakes=(
+            ((4096 / 128, 4096 / 128), "the second value is right, but a page is block_size tokens of one layer: "
+                                       "no term of page_size_bytes depends on the window."),
+            ((1, 1), "the pages are alike, but a sliding layer needs only its window's tokens, whatever the "
+                     "request's length."),
+        ),
     ),
 
     # ----------------------------------- memory_waste

@@ -50,7 +50,9 @@ class FullAttentionSpec(AttentionSpec):
 
 @dataclass(frozen=True)
 class SlidingWindowSpec(AttentionSpec):
-    """A layer that sees only its last ``sliding_window`` tokens (vLLM: ``SlidingWindowSpec``)."""
+    """A layer that sees only its last ``sliding_window`` tokens (vLLM: ``SlidingWindowSpec``). Its page is
+    ``AttentionSpec``'s: vLLM's ``SlidingWindowSpec`` does not override ``page_size_bytes`` either, so a window
+    changes how many blocks the layer keeps, never a block's bytes."""
 
     sliding_window: int = 0
 
