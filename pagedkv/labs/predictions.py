@@ -75,30 +75,21 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
 
     # ----------------------------------- memory_waste
-    "oracle-chunk-fill": Prediction(
-        "your prediction (% of request 0's oracle chunk in token states, over its decode steps)", "memory_waste",
-        hint="how full is the chunk after the request's first step, and after its last? In between it gains one slot "
-             "a step.",
+    "fig2-order-and-shares": Prediction(
+        "your prediction (the four policies from most to least token states; the oracle's and paging's shares)",
+        "memory_waste", tolerance=0.1,
+        hint="for each policy, ask what a request holds beyond its tokens so far: a whole chunk sized in advance, or "
+             "only the blocks its tokens fill? Then what lies between requests: holes a waiting chunk may not fit, "
+             "or blocks any request can take?",
         mistakes=(
-            (50, "the chunk does not start empty: the prompt's 120 token states are in it from the first step."),
-            (100 * 329 / 2 / 449, "you counted the output's tokens only; the prompt's 120 token states are in the "
-                                  "chunk from the first step."),
-            (100 * (120 + 329 / 2) / 2048, "that is a 2,048-slot chunk, reserve_max's; the oracle's is exactly the "
-                                           "final length, 449 slots."),
+            ((["paged", "oracle", "reserve_pow2", "reserve_max"], 50, 50),
+             "the order is right, but paging is not an oracle in small pieces: the oracle still holds a whole chunk "
+             "for tokens not yet produced and leaves holes between chunks; a paged request holds only the blocks its "
+             "tokens fill so far, and any free block fits the next request."),
+            ((["paged", "oracle", "reserve_pow2", "reserve_max"], 60, 97),
+             "60% is how full the oracle's chunks are (section 2); while requests wait, the free slots between "
+             "chunks are part of the memory too."),
         ),
-        tolerance=0.1,
-    ),
-    "oracle-token-share": Prediction(
-        "your prediction (% of memory in token states, oracle)", "memory_waste",
-        hint="the chunks are about 60% full over their lives; what else is the memory, while requests wait? How "
-             "much of it might sit free between chunks, in holes too small for the next request?",
-        mistakes=(
-            (100, "knowing the lengths removes internal fragmentation only: a chunk still holds slots for tokens "
-                  "not yet produced, and holes between chunks fit nobody."),
-            (60, "that is how full the chunks are; while requests wait, the free slots between chunks are part of "
-                 "the memory too."),
-        ),
-        tolerance=0.15,
     ),
     "alpaca-reserve-max-share": Prediction(
         "your prediction (% in token states under reserve_max on Alpaca)", "memory_waste", tolerance=0.5,
@@ -116,6 +107,16 @@ PREDICTIONS: dict[str, Prediction] = {
             (97, "a small block wastes little, but the last block's empty half grows with the block."),
         ),
         tolerance=0.1,
+    ),
+    "budget-doubled-shares": Prediction(
+        "your prediction (the oracle's and paging's token-state shares when the budget doubles: rise, fall or stay)",
+        "memory_waste",
+        hint="doubling the memory about doubles how many requests run at once. Does a request's own waste, as a share "
+             "of what it holds, depend on how many others run beside it?",
+        mistakes=(
+            (("rise", "rise"), "more memory holds more token states, but also more reservations and more free "
+                               "slots: a share compares the two, and each request wastes as much as before."),
+        ),
     ),
     # ----------------------------------- free_list_allocation
     "free-queue-next-block": Prediction(
