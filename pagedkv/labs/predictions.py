@@ -836,6 +836,19 @@ PREDICTIONS: dict[str, Prediction] = {
             ((18, 48), "without speculation, do the two requests take turns, or share each step?"),
         ),
     ),
+    "spec-lookahead-blocks": Prediction(
+        "your prediction (blocks for 6 tokens with 4 lookahead slots, blocks with a hash)", "speculative_decoding",
+        hint="how many slots does allocate_slots give B, counting the lookahead ones? And which of B's blocks is "
+             "full of tokens that are in request.num_tokens?",
+        mistakes=(
+            ((2, 1),
+             "a lookahead slot is a slot: how many slots must B's table reach for 6 tokens and 4 lookahead ones?"),
+            ((3, 2),
+             "block 1 holds two prompt tokens and two lookahead slots; does num_tokens count a lookahead slot?"),
+            ((3, 0), "which tokens does block 0 hold, and are they all counted in num_tokens?"),
+            ((3, 3), "does num_tokens count the lookahead slots a draft model will write?"),
+        ),
+    ),
 
     # ----------------------------------- kv_offloading
     "offload-second-turn": Prediction(
