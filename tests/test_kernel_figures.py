@@ -25,9 +25,22 @@ def close_figures():
 
 
 def test_lane_work_is_the_kernels_layout_and_out_of_reach():
-    assert not hasattr(kf, "lane_work")  # notebook 08's E1 answer is not one tab-completion away
+    """Notebook 08's E1 answer is no function of the package's under its name (the kernel writes the two index lines
+    inline), and the grader's reference repeats those lines: each lane's share of a block, all lanes together
+    every (token, word) of it exactly once."""
+    import inspect
+
+    from pagedkv.kernels import cuda_vllm
+
+    assert not hasattr(kf, "lane_work") and not hasattr(cuda_vllm, "lane_work")
+    kernel = inspect.getsource(cuda_vllm.grouped_phases)
+    assert "offset = group + t * groups_per_warp" in kernel and "w = rank" in kernel and "w += group_size" in kernel
     for lane, block_size, words in ((0, 16, 32), (5, 16, 32), (31, 8, 16), (3, 64, 32), (9, 1, 64)):
         assert exercise_lane_work(lane, block_size, words) == _kernel_lane_work(lane, block_size, words)
+    for block_size, words in ((1, 64), (4, 8), (8, 16), (16, 32), (32, 32), (64, 32), (128, 16)):
+        reads = [(t, w) for lane in range(32) for tokens, lane_words in [_kernel_lane_work(lane, block_size, words)]
+                 for t in tokens for w in lane_words]
+        assert sorted(reads) == [(t, w) for t in range(block_size) for w in range(words)], block_size
 
 
 def test_mapping_text_names_each_warps_blocks_through_the_table():
@@ -37,6 +50,15 @@ def test_mapping_text_names_each_warps_blocks_through_the_table():
     assert "warp 0: logical blocks 0, 4 -> physical 7, 9" in text
     assert "warp 3: logical blocks 3 -> physical 5" in text
     assert "16 thread groups of 2 lanes" in text and "fetches 16 bytes" in text  # vLLM's VEC_SIZE arithmetic
+    assert "holds 4 of its 16 slots: 8 of the warp's 32 lanes work on a real token" in text
+    m = kf.kernel_mapping(table, 100, num_heads=4, num_seqs=3)
+    assert (m.warp_blocks[1], m.physical[1], m.loads_per_lane, m.last_block_lanes) == ([1, 5], [2, 0], 16, 8)
+    # the lanes with a real token in the last block, counted from the grader's lane-by-lane reference
+    for block_size, seq_len in ((16, 100), (8, 100), (64, 100), (1, 7), (32, 64)):
+        m = kf.kernel_mapping(list(range(100)), seq_len, 4, 3, block_size=block_size)
+        last = seq_len - (m.num_blocks - 1) * block_size
+        busy = [lane for lane in range(32) if min(_kernel_lane_work(lane, block_size, m.words)[0]) < last]
+        assert m.last_block_lanes == len(busy), block_size
     assert kf.kernel_mapping_figure(table, 100, 4, 3).axes
 
 
@@ -68,7 +90,10 @@ def test_gqa_text_counts_blocks_and_reads():
     text = kf.gqa_text(8, 2)
     assert "KV head 1: query heads 4, 5, 6, 7" in text
     assert "8 thread blocks per sequence; each KV head's K/V is read 4 times" in text
-    assert "2 thread blocks per sequence; read once" in text
+    assert "2 thread blocks per sequence; read once" in text and "bytes" not in text
+    assert kf.gqa_reads(8, 2, 1000) == {"vllm": (8, 2_048_000), "vllm-gqa": (2, 512_000)}  # 1,000 x 128 x 2 each
+    assert "vllm 2,048,000 bytes, vllm-gqa 512,000 bytes" in kf.gqa_text(8, 2, seq_len=1000)
+    assert kf.gqa_reads(32, 8, 10)["vllm-gqa"][0] == 8 and kf.gqa_reads(4, 4, 10)["vllm"] == (4, 10240)
     assert len(kf.gqa_figure(8, 2).axes) == 2
 
 

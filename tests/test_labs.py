@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pagedkv.errors import PagedKVKeyError
+from pagedkv.errors import PagedKVKeyError, PagedKVValueError
 from pagedkv.labs import check
 from pagedkv.labs.generate import generate_labs, strip_solutions
 
@@ -329,15 +329,26 @@ def _prediction_calls():
 
 def test_every_prediction_is_asked_once_in_its_notebook_with_nothing_given_away():
     """A check cell names its prediction by id and passes the guess and the run's value, nothing else: the hint and
-    the known wrong answers stay in predictions.py, out of sight until a wrong guess asks for one."""
+    the known wrong answers stay in predictions.py, out of sight until a wrong guess asks for one. A question with
+    no run to compare with (its ``expected`` computes the answer) gets the guess alone."""
     from pagedkv.labs.exercises import EXERCISES
     from pagedkv.labs.predictions import PREDICTIONS
 
     calls = list(_prediction_calls())
     assert sorted(key for _, key, _ in calls) == sorted(PREDICTIONS)  # each asked exactly once, none left unused
     for notebook, key, arguments in calls:
-        assert (notebook, arguments) == (PREDICTIONS[key].notebook, 3), key
+        question = PREDICTIONS[key]
+        assert (notebook, arguments) == (question.notebook, 2 if question.expected else 3), key
     assert not set(PREDICTIONS) & set(EXERCISES)
+
+
+def test_a_question_with_no_run_takes_its_answer_from_the_package(capsys):
+    check.prediction("e1-tokens-per-lane", (2, 1))
+    check.prediction("e1-tokens-per-lane", (1, 1))  # a known slip: named, the answer not shown
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[ok]") and "how many groups does a warp hold" in out[1] and "(2, 1)" not in out[1]
+    with pytest.raises(PagedKVValueError, match="third argument"):
+        check.prediction("free-queue-next-block", 3)  # a run's question needs the run's value
 
 
 def test_an_unknown_prediction_key_lists_the_keys(capsys):

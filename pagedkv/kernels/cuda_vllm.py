@@ -94,14 +94,6 @@ def thread_group_layout(block_size: int, words: int) -> ThreadGroupLayout:
     return ThreadGroupLayout(group_size, groups_per_warp, tokens_per_group, words_per_thread)
 
 
-def lane_work(lane: int, block_size: int, words: int) -> tuple[list[int], list[int]]:
-    """In the K pass, the token offsets inside a block and the words of each token's row that one lane reads."""
-    group_size, groups_per_warp, tokens_per_group, words_per_thread = thread_group_layout(block_size, words)
-    group, rank = lane // group_size, lane % group_size
-    tokens = [group + t * groups_per_warp for t in range(tokens_per_group)]
-    return tokens, [w for w in (rank + v * group_size for v in range(words_per_thread)) if w < words]
-
-
 def heads_per_block(flavour: str, num_queries_per_kv: int) -> int:
     """Query heads one thread block computes: the whole group for ``"vllm-gqa"``, one for ``"vllm"``."""
     return num_queries_per_kv if flavour == "vllm-gqa" else 1

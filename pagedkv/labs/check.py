@@ -33,7 +33,7 @@ import os
 from enum import Enum
 from numbers import Number
 
-from ..errors import PagedKVKeyError
+from ..errors import PagedKVKeyError, PagedKVValueError
 from .exercises import EXERCISES, label
 from .predictions import PREDICTIONS
 
@@ -160,16 +160,25 @@ def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key
     return True
 
 
-def prediction(key: str, got, truth) -> None:
+_FROM_THE_PACKAGE = object()  # no truth passed: the question's own ``expected`` computes it
+
+
+def prediction(key: str, got, truth=_FROM_THE_PACKAGE) -> None:
     """A "predict, then run" verdict on prediction ``key`` (e.g. ``"free-queue-next-block"``): ``[ok]`` or what is
-    off, never the value; ``truth`` is what the run just produced. Its title, hint and known slips are in
-    ``predictions.py``, not in the cell. Predictions earn no points, so it prints and never raises, under nbgrader
-    too (a blank one says "no answer yet")."""
+    off, never the value; ``truth`` is what the run just produced. A question asked before anything runs passes no
+    ``truth``: its ``expected`` in ``predictions.py`` computes it. Its title, hint and known slips are there too, not
+    in the cell. Predictions earn no points, so it prints and never raises, under nbgrader too (a blank one says "no
+    answer yet")."""
     try:
         question = PREDICTIONS[key]
     except (KeyError, TypeError):
         raise PagedKVKeyError(f"there is no prediction {key!r}; a prediction id is the slug its check cell names, "
                               f"one of: {', '.join(PREDICTIONS)}.") from None
+    if truth is _FROM_THE_PACKAGE:
+        if question.expected is None:
+            raise PagedKVValueError(f"prediction {key!r} is compared with what the run produced: pass that value "
+                                    "as the third argument.")
+        truth = question.expected()
     report(question.title, got, truth, hint=question.hint, tolerance=question.tolerance, mistakes=question.mistakes,
            graded=False, sizes=question.sizes)
 

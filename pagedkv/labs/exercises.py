@@ -383,10 +383,16 @@ def lane_work(lane, block_size, num_words):
 
 
 def _kernel_lane_work(lane, block_size, num_words):
-    """The same, from the layout the kernel is built with (``cuda_vllm.lane_work``)."""
-    from ..kernels.cuda_vllm import lane_work as kernel_lane_work
+    """The same, from the layout the kernel is built with (``cuda_vllm.thread_group_layout``) and the two index
+    lines of its K pass (``qk_logits`` in ``grouped_phases``): token ``group + t * groups_per_warp``, words ``rank,
+    rank + group_size, ...`` (tests/test_kernel_figures.py holds them to the kernel's source)."""
+    from ..kernels.cuda_vllm import thread_group_layout
 
-    return kernel_lane_work(lane, block_size, num_words)
+    layout = thread_group_layout(block_size, num_words)
+    group, rank = lane // layout.group_size, lane % layout.group_size
+    tokens = [group + t * layout.groups_per_warp for t in range(layout.tokens_per_group)]
+    words = [w for w in (rank + v * layout.group_size for v in range(layout.words_per_thread)) if w < num_words]
+    return tokens, words
 
 
 def merge(m_a, s_a, acc_a, m_b, s_b, acc_b):

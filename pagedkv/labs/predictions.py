@@ -9,10 +9,15 @@ the guess is made. ``notebook`` names its notebook without the number, as an exe
 
 ``mistakes`` pairs a wrong answer (written as the slip computes it, so ``42 + 27`` says where it comes from) with
 what to rethink; ``check`` prints the matching one instead of "not right", and the hint for any other wrong answer.
+
+A question asked before anything runs (an exercise's warm-up) has no run to compare with: its ``expected`` computes
+the answer from the package, as an exercise's does, and its check cell passes the guess alone,
+``check.prediction(key, prediction)``, so the cell shows no call that would print the answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -24,6 +29,7 @@ class Prediction:
     mistakes: tuple = ()  # (a known wrong answer, what was wrong in the reasoning that gives it)
     tolerance: float = 0.0  # relative: an estimate (a share, a ratio) is right within this fraction of the run's
     sizes: bool = True  # False: a part of the wrong length is only "not right" (where its length is half the answer)
+    expected: Callable[[], object] | None = None  # no run to compare with: the answer, from the package
 
 
 PREDICTIONS: dict[str, Prediction] = {
@@ -438,26 +444,38 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- paged_attention_kernel
     "decode-grid-blocks": Prediction(
-        "your prediction (thread blocks in the grid, thread blocks loading KV head 1 of sequence 0)",
+        "your prediction (thread blocks in the grid, thread blocks that read block 0's KV head 1)",
         "paged_attention_kernel",
-        hint="the grid has one thread block per what? Then: which query heads read KV head 1, and does each one "
-             "have a thread block of its own?",
+        hint="the grid has one thread block per (query head, sequence). Then: which rows of block_tables hold "
+             "block 0 among the entries their seq_lens reach? Which query heads read KV head 1? A thread block "
+             "reads what its own query head and sequence need, and nothing else.",
         mistakes=(
-            ((4, 2), "that is one sequence's thread blocks: the grid is (num_heads, num_seqs)."),
-            ((8, 1), "that is one thread block per (KV head, sequence): the teaching kernel gives every query head "
-                     "its own."),
-            ((16, 1), "which query heads read KV head 1, and does each of their thread blocks load it for itself?"),
+            ((16, 2), "count the sequences as well as the heads: which rows of block_tables hold block 0 as a "
+                      "real entry?"),
+            ((16, 6), "c's row is padded with 0: does a thread block read table entries past its sequence's "
+                      "seq_lens?"),
+            ((16, 8), "here two query heads share each KV head (4 over 2): which of them read KV head 1?"),
+            ((16, 12), "two slips: which query heads read KV head 1, and are c's padded entries ever read?"),
+            ((8, 2), "one thread block per (KV head, sequence) is section 5's grouped flavour; the teaching "
+                     "kernel gives every query head its own thread block."),
         ),
     ),
     "warp-blocks-and-loads": Prediction(
-        "your prediction (warp 1's logical blocks, 8-byte loads per lane per token)", "paged_attention_kernel",
-        hint="how many blocks do 100 tokens fill, and how do 4 warps take them in turn? Then: how many 8-byte words "
-             "is one key row, and how many lanes share a token?",
+        "your prediction (warp 1's logical blocks, 8-byte loads per lane per token, lanes with a real token in the "
+        "last block)", "paged_attention_kernel",
+        hint="how many blocks do 100 tokens fill, and how do 4 warps take them in turn? How many lanes share one "
+             "token of a 16-token block, and how many 8-byte words is a key row of 128 fp16 values? The last "
+             "block holds the tokens from 96 on.",
         mistakes=(
-            (([1, 5], 32), "a token's row is split among its thread group's lanes: how many lanes is a group at "
-                           "block size 16?"),
-            (([1], 16), "100 tokens fill 7 blocks: after warps 0-3 have taken one each, they go round again."),
-            (([4, 5, 6], 16), "warps take blocks in turn (round-robin), not in runs."),
+            (([1, 5], 32, 8), "a token's row is split among its thread group's lanes: how many lanes share a token "
+                              "at block size 16?"),
+            (([1], 16, 8), "count the blocks 100 tokens fill, and keep dealing them out to the 4 warps until none "
+                           "is left."),
+            (([4, 5, 6], 16, 8), "warps take blocks in turn (round-robin), not in runs."),
+            (([1, 5], 16, 4), "each token has a thread group of lanes, not one lane: how many lanes share each of "
+                              "the last block's tokens?"),
+            (([1, 5], 16, 32), "every lane of that warp runs, but a lane whose token lies past the sequence's end "
+                               "has its logit masked: how many lanes have one of the block's real tokens?"),
         ),
     ),
     "e1-tokens-per-lane": Prediction(
@@ -470,30 +488,37 @@ PREDICTIONS: dict[str, Prediction] = {
             ((2, 32), "at block size 1, how many tokens does the block hold, and can one lane take more "
                       "tokens than the block has?"),
         ),
+        expected=lambda: _tokens_per_lane(64, 1),
     ),
     "gqa-blocks-and-reads": Prediction(
-        "your prediction ((vllm: thread blocks per sequence, loads of KV head 0), (vllm-gqa: the same))",
+        "your prediction ((vllm: thread blocks per sequence, bytes of K loaded), (vllm-gqa: the same))",
         "paged_attention_kernel",
         hint="what does one thread block compute in each flavour: one query head, or a KV head with all its query "
-             "heads? Every thread block that needs KV head 0 loads it itself.",
+             "heads? Every thread block loads the keys of its KV head for the whole sequence itself: 1,000 rows of "
+             "128 fp16 values.",
         mistakes=(
-            (((8, 1), (2, 1)), "a vllm thread block computes one query head: four of them need KV head 0, and none "
-                               "shares its loads with another."),
-            (((8, 4), (2, 4)), "a vllm-gqa thread block loads each word once and multiplies it into all of its "
-                               "group's dot products."),
-            (((2, 4), (8, 1)), "the vllm flavour is the one with a thread block per query head."),
+            (((8, 512_000), (2, 512_000)), "a vllm thread block computes one query head and loads its KV head's "
+                                           "keys for itself: do two thread blocks of one KV head share a load?"),
+            (((8, 2_048_000), (2, 2_048_000)), "a vllm-gqa thread block loads each key once and multiplies it into "
+                                               "all of its group's dot products."),
+            (((2, 512_000), (8, 2_048_000)), "the vllm flavour is the one with a thread block per query head."),
+            (((8, 4_096_000), (2, 1_024_000)), "that counts K and V; the question asks for K alone."),
+            (((8, 1_024_000), (2, 256_000)), "an fp16 value takes 2 bytes."),
         ),
     ),
     "v1-or-v2-rule": Prediction(
-        "your prediction (v1 or v2, for each of the three batches)", "paged_attention_kernel",
-        hint="take the rule one test at a time: does the longest sequence fit v1? Does one 512-token partition "
-             "cover it? If not, how many (sequence, head) pairs are there?",
+        "your prediction (smallest num_seqs that picks v1 at 32 heads and 600 tokens, the kernel for (1, 32, 500), "
+        "the kernel for (64, 32, 9000))", "paged_attention_kernel",
+        hint="take the rule one test at a time: may the longest sequence use v1 at all? Does one 512-token "
+             "partition cover it? If not, are there more than 512 (sequence, head) pairs?",
         mistakes=(
-            (("v1", "v1", "v2"), "for the first batch: how many 512-token partitions do 600 tokens need, and how "
-                                 "many (sequence, head) pairs are there against the rule's 512?"),
-            (("v2", "v2", "v2"), "for the second batch, count its (sequence, head) pairs and compare them with 512."),
-            (("v2", "v1", "v1"), "for the third batch, take the rule's first test: how long may the longest "
-                                 "sequence be?"),
+            ((16, "v1", "v2"), "the rule wants more than 512 (sequence, head) pairs, not 512 or more."),
+            ((513, "v1", "v2"), "513 is a number of (sequence, head) pairs; the question asks for sequences, each "
+                                "with 32 heads."),
+            ((17, "v2", "v2"), "for (1, 32, 500): how many 512-token partitions does it need, and what does the "
+                               "rule do when there is only one?"),
+            ((17, "v1", "v1"), "for (64, 32, 9000), take the rule's first test: how long may the longest sequence "
+                               "be for v1?"),
         ),
     ),
 
@@ -932,3 +957,10 @@ PREDICTIONS: dict[str, Prediction] = {
              "slots to; a block holds 3 slots.",
     ),
 }
+
+
+def _tokens_per_lane(*block_sizes, num_words: int = 32) -> tuple:
+    """Tokens one lane of the 'vllm' kernel takes from a block, at each block size (E1's reference)."""
+    from .exercises import _kernel_lane_work
+
+    return tuple(len(_kernel_lane_work(0, block_size, num_words)[0]) for block_size in block_sizes)

@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from ..kernels import cuda_vllm  # lane_work stays out of kf's names: it is notebook 08's E1
 from ..kernels.cuda_device import WARP_SIZE
-from ..kernels.cuda_vllm import WORD_BYTES, thread_group_layout
+from ..kernels.cuda_vllm import WORD_BYTES, heads_per_block, thread_group_layout
 from .block_map import PALETTE
 
 STATIC_ESTIMATES = Path(__file__).resolve().parent.parent / "data" / "static_estimates.json"
 
 
-def _box(ax, x, y, w, h, text="", color="#FFFFFF", edge="#333333", size=9, bold=False, lw=1.0):
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, linewidth=lw))
+def _box(ax, x, y, w, h, text="", color="#FFFFFF", edge="#333333", size=9, bold=False, lw=1.0, hatch=None):
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, linewidth=lw, hatch=hatch))
     if text:
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size,
                 fontweight="bold" if bold else "normal")
@@ -44,36 +44,81 @@ def warp_blocks(num_blocks: int, num_warps: int) -> list[list[int]]:
     return [list(range(w, num_blocks, num_warps)) for w in range(num_warps)]
 
 
-def kernel_mapping_text(block_table, seq_len: int, num_heads: int, num_seqs: int, block_size: int = 16,
-                        num_threads: int = 128, head_size: int = 128, element_bytes: int = 2) -> str:
-    """In words: the grid, one thread block's warps and their blocks, one warp's thread groups."""
+class KernelMapping(NamedTuple):
+    """Who reads what in the vLLM-shaped kernel's K pass, for one thread block (``kernel_mapping``)."""
+    num_heads: int
+    num_seqs: int
+    num_warps: int
+    seq_len: int
+    block_size: int
+    num_blocks: int  # the sequence's blocks
+    words: int  # 64-bit words in one token's key row of one head
+    warp_blocks: list  # the logical blocks each warp takes
+    physical: list  # the physical block of each of those, through the block table
+    group_size: int  # lanes per token (vLLM's THREAD_GROUP_SIZE)
+    groups_per_warp: int
+    loads_per_lane: int  # 64-bit loads one lane makes for one token's key row
+    last_block_tokens: int  # tokens in the sequence's last block
+    last_block_lanes: int  # lanes of the warp that takes the last block with a real token to work on
+
+
+def kernel_mapping(block_table, seq_len: int, num_heads: int, num_seqs: int, block_size: int = 16,
+                   num_threads: int = 128, head_size: int = 128, element_bytes: int = 2) -> KernelMapping:
+    """The grid, one thread block's warps and their blocks, one warp's thread groups: what the figure draws."""
     num_warps = num_threads // WARP_SIZE
     num_blocks = -(-seq_len // block_size)
     words = head_size * element_bytes // WORD_BYTES
-    group_size, groups_per_warp, _, _ = thread_group_layout(block_size, words)
+    layout = thread_group_layout(block_size, words)
+    blocks = warp_blocks(num_blocks, num_warps)
+    last_tokens = seq_len - (num_blocks - 1) * block_size
+    # group g takes tokens g, g + groups_per_warp, ... of a block: those with one below last_tokens have work
+    groups_with_a_token = min(layout.groups_per_warp, last_tokens)
+    return KernelMapping(num_heads, num_seqs, num_warps, seq_len, block_size, num_blocks, words, blocks,
+                         [[int(block_table[b]) for b in bs] for bs in blocks], layout.group_size,
+                         layout.groups_per_warp, layout.words_per_thread, last_tokens,
+                         groups_with_a_token * layout.group_size)
+
+
+def kernel_mapping_text(block_table, seq_len: int, num_heads: int, num_seqs: int, block_size: int = 16,
+                        num_threads: int = 128, head_size: int = 128, element_bytes: int = 2) -> str:
+    """In words: the grid, one thread block's warps and their blocks, one warp's thread groups."""
+    m = kernel_mapping(block_table, seq_len, num_heads, num_seqs, block_size, num_threads, head_size,
+                       element_bytes)
     lines = [f"grid (num_heads, num_seqs) = ({num_heads}, {num_seqs}): {num_heads * num_seqs} thread blocks; "
-             f"thread block (head 0, seq 0) has {num_threads} threads = {num_warps} warps",
-             f"sequence 0: {seq_len} tokens in {num_blocks} blocks of {block_size}"]
-    for w, blocks in enumerate(warp_blocks(num_blocks, num_warps)):
-        physical = ", ".join(str(int(block_table[b])) for b in blocks) or "-"
-        lines.append(f"  warp {w}: logical blocks {', '.join(map(str, blocks)) or '-'} -> physical {physical}")
-    lines.append(f"inside a warp: {groups_per_warp} thread groups of {group_size} lanes (one token each); "
-                 f"a row is {words} words of {WORD_BYTES} bytes")
-    for lane in range(min(group_size * 2, WARP_SIZE)):
-        tokens, lane_words = cuda_vllm.lane_work(lane, block_size, words)
-        lines.append(f"  lane {lane}: token {', '.join(map(str, tokens))}; words {lane_words[0]}, "
-                     f"{lane_words[1] if len(lane_words) > 1 else ''}... ({len(lane_words)} loads of 8 bytes)")
-    lines.append(f"  so a thread group fetches {group_size * WORD_BYTES} bytes of a key row at a time")
+             f"thread block (head 0, seq 0) has {num_threads} threads = {m.num_warps} warps",
+             f"sequence 0: {seq_len} tokens in {m.num_blocks} blocks of {block_size}"]
+    for w, (blocks, physical) in enumerate(zip(m.warp_blocks, m.physical)):
+        lines.append(f"  warp {w}: logical blocks {', '.join(map(str, blocks)) or '-'} -> physical "
+                     f"{', '.join(map(str, physical)) or '-'}")
+    tokens = "token g" if block_size <= m.groups_per_warp else f"tokens g, g + {m.groups_per_warp}, ..."
+    lines.append(f"inside a warp: {m.groups_per_warp} thread groups of {m.group_size} lanes; group g takes {tokens} "
+                 f"of a block; a key row is {m.words} words of {WORD_BYTES} bytes")
+    for lane in range(min(m.group_size * 2, WARP_SIZE)):
+        group, rank = lane // m.group_size, lane % m.group_size
+        first = ", ".join(map(str, range(rank, m.words, m.group_size)[:2]))
+        lines.append(f"  lane {lane}: thread group {group}, rank {rank}: words {first}, ... of the row "
+                     f"({m.loads_per_lane} loads of {WORD_BYTES} bytes per token)")
+    lines.append(f"  so a thread group fetches {m.group_size * WORD_BYTES} bytes of a key row at a time")
+    last = m.num_blocks - 1
+    head = (f"last block: logical {last} (warp {last % m.num_warps}) holds {m.last_block_tokens} of its "
+            f"{block_size} slots")
+    if m.last_block_tokens == block_size:
+        lines.append(f"{head}: every lane has a real token")
+    elif m.last_block_lanes < WARP_SIZE:
+        lines.append(f"{head}: {m.last_block_lanes} of the warp's {WARP_SIZE} lanes work on a real token; the "
+                     "others' logits are masked (seq_lens)")
+    else:
+        lines.append(f"{head}: every lane has a real token; the logits past seq_lens are masked")
     return "\n".join(lines)
 
 
 def kernel_mapping_figure(block_table, seq_len: int, num_heads: int, num_seqs: int, block_size: int = 16,
                           num_threads: int = 128, head_size: int = 128, element_bytes: int = 2):
     """Grid -> one thread block -> its warps -> the block table -> one warp's thread groups and lanes."""
-    num_warps = num_threads // WARP_SIZE
-    num_blocks = -(-seq_len // block_size)
-    words = head_size * element_bytes // WORD_BYTES
-    group_size, groups_per_warp, _, _ = thread_group_layout(block_size, words)
+    m = kernel_mapping(block_table, seq_len, num_heads, num_seqs, block_size, num_threads, head_size,
+                       element_bytes)
+    num_warps, num_blocks, words, group_size, groups_per_warp = (m.num_warps, m.num_blocks, m.words, m.group_size,
+                                                                 m.groups_per_warp)
     fig, ax = plt.subplots(figsize=(8.6, 6.4))
     ax.set_xlim(0, 100)
     ax.set_ylim(0, 76)
@@ -89,17 +134,24 @@ def kernel_mapping_figure(block_table, seq_len: int, num_heads: int, num_seqs: i
 
     ax.text(46, 74, f"2. thread block (head 0, seq 0): {num_warps} warps\n"
                     f"    take its {num_blocks} blocks in turn", fontsize=10, fontweight="bold", va="top")
-    for w, blocks in enumerate(warp_blocks(num_blocks, num_warps)):
+    for w, (blocks, physical) in enumerate(zip(m.warp_blocks, m.physical)):
         y = 60 - 5.2 * w
         color = PALETTE[w % len(PALETTE)]
         _box(ax, 46, y, 9, 4.2, f"warp {w}", color, size=9)
-        for k, b in enumerate(blocks):
+        for k, (b, p) in enumerate(zip(blocks, physical)):
             x = 60 + 12 * k
-            _box(ax, x, y, 11, 4.2, f"L{b} -> P{int(block_table[b])}", color, size=8.5)
+            if b == num_blocks - 1 and m.last_block_tokens < block_size:  # filled as far as its tokens go
+                _box(ax, x, y, 11, 4.2, color="#F2F2F2")
+                _box(ax, x, y, 11 * m.last_block_tokens / block_size, 4.2, color=color, edge="none")
+                _box(ax, x, y, 11, 4.2, f"L{b} -> P{p}", "none", size=8.5)
+            else:
+                _box(ax, x, y, 11, 4.2, f"L{b} -> P{p}", color, size=8.5)
         if blocks:
             _arrow(ax, (55, y + 2.1), (60, y + 2.1))
-    ax.text(46, 60 - 5.2 * num_warps + 1.5, "logical block L -> physical block P: one block-table\n"
-                                             "read per warp and block", fontsize=9, va="top")
+    partial = (f"; L{num_blocks - 1} is filled to {m.last_block_tokens} of {block_size} slots"
+               if m.last_block_tokens < block_size else "")
+    ax.text(46, 60 - 5.2 * num_warps + 1.5, "logical block L -> physical block P: one block-table read\n"
+                                             f"per warp and block{partial}", fontsize=9, va="top")
 
     y0 = 29
     ax.text(0, y0 + 5, f"3. inside one warp: {groups_per_warp} thread groups of {group_size} lanes "
@@ -160,12 +212,17 @@ def cache_layout_figure(block_size: int = 4, head_size: int = 16, element_bytes:
             ax.add_patch(Rectangle((i, 0), 1, 1, facecolor=PALETTE[t % len(PALETTE)], edgecolor="white",
                                    linewidth=0.5))
         starts = [0] + [i for i in range(1, n) if order[i][0] != order[i - 1][0]]
-        for k, s in enumerate(starts):
-            e = starts[k + 1] if k + 1 < len(starts) else n
-            run = e - s
-            if run >= 4:
-                t, d = order[s]
-                ax.text(s + run / 2, 0.5, f"t{t} d{d}-{order[e - 1][1]}", ha="center", va="center", fontsize=8.5)
+        by_token = [(s, (starts[k + 1] if k + 1 < len(starts) else n)) for k, s in enumerate(starts)]
+        if any(e - s >= 4 for s, e in by_token):  # runs of one token: "t1 d0-15"
+            for s, e in by_token:
+                if e - s >= 4:
+                    t, d = order[s]
+                    ax.text((s + e) / 2, 0.5, f"t{t} d{d}-{order[e - 1][1]}", ha="center", va="center",
+                            fontsize=8.5)
+        else:  # one element per token: label the runs of one dim instead, "d0" over t0 t1 t2 t3
+            for s in range(0, n, block_size):
+                ax.text(s + block_size / 2, 0.5, f"d{order[s][1]}", ha="center", va="center", fontsize=8.5)
+            name += f"  (each d: t0 ... t{block_size - 1} in turn)"
         ax.set_xlim(0, n)
         ax.set_ylim(0, 1)
         ax.set_yticks([])
@@ -212,6 +269,8 @@ def v2_partitions_figure(logits: torch.Tensor, partition_size: int):
                 label=f"partition {i}")
         top.hlines(p["m"], p["start"] - 0.4, p["end"] - 0.6, colors="#333333", linestyles="--")
         top.text(p["end"] - 0.5, p["m"], f" m{i}", va="bottom", fontsize=9)
+    low, high = float(logits.min()), float(logits.max())
+    top.set_ylim(low - 0.3 * (high - low), high + 0.15 * (high - low))  # room for the legend and the labels
     top.set_ylabel("logit q.k / sqrt(d)", fontsize=9)
     top.set_xlabel("token", fontsize=9)
     top.set_title(f"v2: one thread block per partition of {partition_size} tokens; each keeps its max m_p, "
@@ -230,17 +289,37 @@ def v2_partitions_figure(logits: torch.Tensor, partition_size: int):
 # ------------------------------------------------------------------ GQA grouping
 
 
-def gqa_text(num_heads: int, num_kv_heads: int) -> str:
+def gqa_reads(num_heads: int, num_kv_heads: int, seq_len: int, head_size: int = 128,
+              element_bytes: int = 2) -> dict[str, tuple[int, int]]:
+    """Per vLLM-shaped flavour: (thread blocks per sequence, bytes of K they load for one sequence of ``seq_len``
+    tokens). Each thread block loads its KV head's keys once, for every query head it computes
+    (``cuda_vllm.heads_per_block``); how much of a repeat L2 serves is not counted."""
     group = num_heads // num_kv_heads
+    reads = {}
+    for flavour in ("vllm", "vllm-gqa"):
+        blocks = num_heads // heads_per_block(flavour, group)
+        reads[flavour] = (blocks, blocks * seq_len * head_size * element_bytes)
+    return reads
+
+
+def gqa_text(num_heads: int, num_kv_heads: int, seq_len: int | None = None, head_size: int = 128,
+             element_bytes: int = 2) -> str:
+    group = num_heads // num_kv_heads
+    reads = gqa_reads(num_heads, num_kv_heads, seq_len or 1, head_size, element_bytes)
     lines = [f"{num_heads} query heads, {num_kv_heads} KV heads: query heads {group}k..{group}k+{group - 1} "
              "read KV head k"]
     for k in range(num_kv_heads):
         heads = ", ".join(str(h) for h in range(k * group, (k + 1) * group))
         lines.append(f"  KV head {k}: query heads {heads}")
-    lines.append(f"vllm (a thread block per query head): {num_heads} thread blocks per sequence; each KV head's "
-                 f"K/V is read {group} times")
-    lines.append(f"vllm-gqa (a thread block per KV head): {num_kv_heads} thread blocks per sequence; read once, "
+    blocks, gqa_blocks = reads["vllm"][0], reads["vllm-gqa"][0]
+    lines.append(f"vllm (a thread block per query head): {blocks} thread blocks per sequence; each KV head's "
+                 f"K/V is read {blocks // num_kv_heads} times")
+    lines.append(f"vllm-gqa (a thread block per KV head): {gqa_blocks} thread blocks per sequence; read once, "
                  f"multiplied into {group} dot products")
+    if seq_len:
+        precision = {2: "fp16", 4: "fp32"}.get(element_bytes, f"{element_bytes}-byte values")
+        lines.append(f"K loaded for one sequence of {seq_len:,} tokens (head {head_size}, {precision}): "
+                     f"vllm {reads['vllm'][1]:,} bytes, vllm-gqa {reads['vllm-gqa'][1]:,} bytes")
     return "\n".join(lines)
 
 
