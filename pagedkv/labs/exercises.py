@@ -889,9 +889,8 @@ EXERCISES: dict[str, Exercise] = {
                       notebook="block_size_arithmetic", expected=_tp16_bytes_per_token,
                       mistakes=((_tp16_heads_cut_in_half, "you gave each GPU a fraction of a KV head; a GPU keeps "
                                  "whole KV heads, so some heads must be kept on more than one GPU."),),
-                      hint="a KV head cannot be cut in two: each GPU needs the whole KV head its own query heads "
-                           "attend with. If 16 GPUs share 8 KV heads, which KV head does GPU 3 need, and which other "
-                           "GPU needs the same one?"),
+                      hint="64 query heads share 8 KV heads: which query heads make up one KV head's group? Split "
+                           "the query heads over 16 GPUs: what does one GPU's share need from the cache?"),
     "mla-bytes-per-gpu": Exercise("(MLA bytes per token on each of 8 GPUs, times fewer than MHA's on each)",
                       notebook="block_size_arithmetic", expected=_mla_bytes_per_gpu, tolerance=0.01,
                       mistakes=((lambda: _mla_bytes_per_gpu(latent_split=True), "you split the latent over the GPUs "

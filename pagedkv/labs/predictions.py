@@ -67,16 +67,17 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
         tolerance=0.25,
     ),
-    "sliding-page-ratio": Prediction(
-        "your prediction (full page / sliding page, full K/V / sliding K/V at 4,096 tokens)", "block_size_arithmetic",
-        tolerance=0.25,
-        hint="read page_size_bytes term by term: which term would a window change? Then, separately: how many "
-             "tokens' K/V must each kind of layer still hold for a request 4,096 tokens long?",
+    "sliding-blocks-boundary": Prediction(
+        "your prediction (blocks a sliding layer holds after 4,096 and after 4,097 tokens)", "block_size_arithmetic",
+        hint="write down which tokens the window still needs after 4,096 tokens, then which 16-token blocks those "
+             "tokens lie in (block i holds tokens 16i to 16i + 15). Do the same after one token more.",
         mistakes=(
-            ((4096 / 128, 4096 / 128), "the second value is right, but a page is block_size tokens of one layer: "
-                                       "no term of page_size_bytes depends on the window."),
-            ((1, 1), "the pages are alike, but a sliding layer needs only its window's tokens, whatever the "
-                     "request's length."),
+            ((256, 257), "those are a full layer's blocks; a sliding layer's blocks whose tokens have all left the "
+                         "window are freed."),
+            ((128 // 16, 128 // 16), "the first value is right; after one token more, do the window's tokens still "
+                                     "fit in as many blocks?"),
+            ((128 // 16 + 1, 128 // 16 + 1), "the second value is right; after 4,096 tokens, where does the window "
+                                             "start, and does it start on a block boundary?"),
         ),
     ),
 
