@@ -354,11 +354,20 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "whole-run-savings": Prediction(
-        "your prediction (parallel sampling's saving, beam search's)", "beam_search_sharing",
-        hint="parallel samples share the prompt's full blocks and nothing else: how many is that, against the "
-             "blocks the four samples hold at the end? Beams also share what the beams they descend from "
-             "generated: in section 3.2 four beams held 6 blocks at step 6 where alone they would hold 12, and "
-             "here the prompt they all share is about four times longer.",
+        "your prediction (parallel sampling's saving, the most beam search could save)", "beam_search_sharing",
+        tolerance=0.01,
+        hint="first the blocks one sequence's table holds at the last step: its 30 prompt tokens, and how many "
+             "generated tokens hold a slot then (step 1 is the prefill)? Without sharing there are four such tables. "
+             "Parallel samples share only the blocks that are never written again. For beam search, ask what four "
+             "distinct beams must keep apart, and which of their blocks it lands in.",
+        mistakes=(
+            ((1 - 48 / 72, 1 - 21 / 72), "the prompt's last block is only partly filled: what happens to it at "
+                                         "each sample's first write?"),
+            ((1 - 51 / 72, 1 - 18 / 72), "four beams sharing every block would be one sequence: distinct beams "
+                                         "differ somewhere."),
+            ((1 - 51 / 72, 1 - 51 / 72), "that is what beams save sharing only the prompt, as the samples do: "
+                                         "the least they save, not the most."),
+        ),
     ),
 
     # ----------------------------------- block_table_visualizer

@@ -34,6 +34,7 @@ PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#C
            "#332288", "#88CCEE", "#117733", "#DDCC77", "#CC6677", "#AA4499", "#77AADD", "#EE8866", "#BBCC33",
            "#FFAABB"]
 FREE, CACHED, EDGE, HIGHLIGHT, SOURCE = "#F4F4F4", "#C9C9C9", "#555555", "#CC0000", "#7B3294"
+FREED = "#E69F00"  # dashed outline: a block given back this step
 NULL = "#3A3A3A"  # the null block: a placeholder, never holds tokens
 IN_USE = "#A6A6A6"  # a block in use that no table in the snapshot points at (a bare pool's)
 CPU_HATCH = ".."  # a table entry on a CPU block (a swapped-out sequence)
@@ -73,12 +74,13 @@ def _block_refs(name: str, refs) -> set:
 
 def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None = None,
                    show_tables: bool = True, labels: bool | None = None, sources=(), columns: int | None = None,
-                   colors: dict | None = None, key: bool = False, ref_counts: bool = False):
+                   colors: dict | None = None, key: bool = False, ref_counts: bool = False, freed=()):
     """Draw ``state`` on ``ax`` (a new figure if None) and return the Axes.
 
     ``highlight``: block ids (GPU) or ``(device, block_id)`` pairs to outline in red, e.g.
     the blocks the last event touched; ``sources``: blocks to outline in purple, e.g. the
-    source of a copy-on-write copy.  ``labels`` (default: on up to 128 blocks
+    source of a copy-on-write copy; ``freed``: blocks to outline dashed in orange, e.g. the blocks a step gave
+    back.  ``labels`` (default: on up to 128 blocks
     in all) prints ids, ref counts and free positions in the cells; without them
     each block table is a bar of entries and its length.  Rectangles go into two collections
     (fills, outlines), which keeps a 256-block redraw fast.  ``columns``: cells per pool row
@@ -92,6 +94,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         raise PagedKVValueError(f"draw_block_map draws a snapshot, got {type(state).__name__}; pass "
                                 "manager.snapshot() (or cache.snapshot()).")
     marked, copied = _block_refs("highlight", highlight), _block_refs("sources", sources)
+    given_back = _block_refs("freed", freed)
     columns = None if columns is None else check_int("columns", columns, minimum=1)
     for name, value, allowed in (("title", title, (str, type(None))), ("show_tables", show_tables, (bool,)),
                                  ("labels", labels, (bool, type(None)))):
@@ -112,6 +115,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         _, ax = plt.subplots(figsize=(min(0.55 * width + 1, 16), min(0.55 * height + 1.2, 14)))
 
     fills, outlines, table_edges = _Rects("fills"), _Rects("block_outlines"), _Rects("table_outlines")
+    freed_outlines = _Rects("freed_outlines")
     unnamed, hatched = (state.sliding_blocks(named=False) if state.prefix_caching else set()), _Rects("unnamed")
     on_cpu = _Rects("cpu_entries")  # table entries of a sequence swapped out: dotted, not pale (pale = empty slots)
     x0 = 0.0
@@ -126,6 +130,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
             ref = (device, b.block_id)
             color = HIGHLIGHT if ref in marked else SOURCE if ref in copied else EDGE
             outlines.add(x, y, CELL, CELL, color, 0.6 if color == EDGE else 2.2)
+            if ref in given_back:
+                freed_outlines.add(x + 0.06, y + 0.06, CELL - 0.12, CELL - 0.12, FREED, 2.0)
         x0 += cols[device] + 1
     if table_rows:
         _tables(ax, state, rows_of_tables, colors, max(rows.values(), default=1) + 1, fills, table_edges, labels,
@@ -137,6 +143,8 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
         ax.add_collection(on_cpu.collection(zorder=2, filled=False, hatch=CPU_HATCH))
     ax.add_collection(outlines.collection(zorder=3, filled=False))
     ax.add_collection(table_edges.collection(zorder=3, filled=False))
+    if freed_outlines.corners:
+        ax.add_collection(freed_outlines.collection(zorder=3, filled=False, linestyle="--"))
     ax.set_xlim(-2.2 if table_rows else -0.5, width + 0.2)
     ax.set_ylim(height + 0.2, -0.8)
     ax.set_aspect("equal")
@@ -146,6 +154,7 @@ def draw_block_map(state: ManagerState, ax=None, highlight=(), title: str | None
     if key:
         add_block_map_key(ax.figure, highlight="red outline: the blocks the title is about" if marked else None,
                           source="purple outline: a copy's source" if copied else None,
+                          freed="dashed orange outline: given back" if given_back else None,
                           cached=any(b.is_free and b.block_hash for b in state.blocks),
                           null=state.null_block is not None,
                           unnamed=bool(unnamed), shared=any(b.ref_count > 1 and (len(b.seq_ids) > 1 or not ref_counts)
@@ -171,7 +180,7 @@ class _Rects:
         self.colors.append(color)
         self.widths.append(width)
 
-    def collection(self, zorder, filled=True, hatch=None):
+    def collection(self, zorder, filled=True, hatch=None, linestyle="solid"):
         if hatch:  # edges drawn thin: the hatch takes the edge colour
             rects = PolyCollection(self.corners, facecolors="none", edgecolors=self.colors, linewidths=0,
                                    hatch=hatch, zorder=zorder)
@@ -179,7 +188,7 @@ class _Rects:
             rects = PolyCollection(self.corners, facecolors=self.colors, edgecolors="none", zorder=zorder)
         else:
             rects = PolyCollection(self.corners, facecolors="none", edgecolors=self.colors,
-                                   linewidths=self.widths, zorder=zorder)
+                                   linewidths=self.widths, linestyles=linestyle, zorder=zorder)
         rects.set_gid(self.name)
         return rects
 
@@ -270,7 +279,7 @@ STRIPES = "stripes, xN: shared by N sequences (ref count)"
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
                       ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False,
                       shared: bool = True, filled: str = "slots with tokens", cpu: bool = False, hashes: bool = False,
-                      tables: bool = True, ref_counts: bool = False, unowned: bool = False):
+                      tables: bool = True, ref_counts: bool = False, unowned: bool = False, freed: str | None = None):
     """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
     (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
     ends with it shows no legend object; the key is ``fig.legends[-1]``. ``shared=False`` leaves out the stripes'
@@ -278,7 +287,8 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     slot is held for a token not yet known); ``cpu=True`` adds the mark of a table entry on a CPU block; ``hashes=True``
     explains the text at a cell's bottom (a named block's hash); ``tables=False`` leaves out the sequence and table
     entries, for a map with no sequences; ``ref_counts=True`` explains a used block's ``ref N``; ``unowned=True`` the
-    solid grey of a block in use that no table points at (a bare pool's)."""
+    solid grey of a block in use that no table points at (a bare pool's); ``freed`` labels the dashed orange outline
+    of ``draw_block_map(freed=...)``."""
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -318,6 +328,8 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
         handles.append(Patch(facecolor="none", edgecolor=HIGHLIGHT, linewidth=2, label=highlight))
     if source:
         handles.append(Patch(facecolor="none", edgecolor=SOURCE, linewidth=2, label=source))
+    if freed:
+        handles.append(Patch(facecolor="none", edgecolor=FREED, linewidth=2, linestyle="--", label=freed))
     labels = [STRIPES if isinstance(h, tuple) else h.get_label() for h in handles]
     fig.legend(handles=handles, labels=labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False,
                handlelength=1.4, bbox_to_anchor=(0.5, -0.02), handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
