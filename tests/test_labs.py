@@ -114,6 +114,16 @@ def test_a_failed_check_never_shows_the_answer(capsys):
     assert "at least one of its 2 values is not right" in out and "part 1" not in out
 
 
+def test_a_list_of_block_ids_does_not_say_which_is_wrong(capsys):
+    """Review 03-s4r2: E1's check said "value 3 is not right" (its third value), which locates the error and reads
+    as block 3; with ``say_which=False`` a wrong list is told only that one of its values is off."""
+    assert not check.exercise("next-block-after-frees", [3, 0, 1])
+    out = capsys.readouterr().out
+    assert "at least one of its 3 values is not right (the check does not say which)" in out and "value 3" not in out
+    assert not check.report("x", [1, 2], [1, 3])  # the default still locates a list's wrong value
+    assert "value 2 is not right" in capsys.readouterr().out
+
+
 def test_a_set_answer_takes_any_order_and_keeps_its_size_unsaid(capsys):
     """Review 07-s4r1: E2's cached free blocks were checked in free-queue order, which the prompt never asked for, and
     a wrong list was told its length ("part 2 has 2 values, not the number wanted"), half the answer."""

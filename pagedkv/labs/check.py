@@ -134,18 +134,20 @@ def _blank(value) -> bool:
 
 
 def report(name: str, got, expected, hint: str = "", tolerance: float = 0.0, key: str | None = None,
-           mistakes=(), graded: bool = True, sizes: bool = True) -> bool:
+           mistakes=(), graded: bool = True, sizes: bool = True, say_which: bool = True) -> bool:
     """Compare one answer with the expected value; print (or, grading, raise) the verdict. True when right.
 
     ``graded=False`` (predictions): the verdict is printed even while grading, never raised. ``sizes=False``: a part
-    of the wrong length is only "not right" (see ``difference``).
+    of the wrong length is only "not right" (see ``difference``). ``say_which=False``: a wrong value of a list answer
+    is not located either (its position would narrow the answer down), as a tuple's never is.
     ``mistakes``: ``(wrong_answer, why)`` pairs; an answer equal to a known wrong one is told what went wrong in
     the reasoning that leads there (``why``), which says more than "not right" and gives nothing away."""
     if _blank(got) or (isinstance(got, (list, tuple)) and any(_blank(g) for g in got)):
         _fail(f"{FAIL} {name}: no answer yet - replace the ... with your answer.", None, graded)
         return False
     problem = difference(plain(got), plain(expected), tolerance, sizes=sizes)
-    if problem and isinstance(expected, tuple) and problem.endswith("is not right"):
+    if problem and (isinstance(expected, tuple) or (not say_which and isinstance(expected, list))) \
+            and problem.endswith("is not right"):
         # several answers to one question: which of them is right is not said, or they could be solved one by one
         problem = f"at least one of its {len(expected)} values is not right (the check does not say which)"
     why = next((why for wrong, why in mistakes if problem and difference(plain(got), plain(wrong), tolerance)
@@ -242,7 +244,8 @@ def exercise(key: str, *answers) -> Checked:
         return Checked(function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key))
     answer = answers[0] if len(answers) == 1 else tuple(answers)
     mistakes = [(wrong(), why) for wrong, why in ex.mistakes]
-    return Checked(report(title, answer, ex.expected(), ex.hint, ex.tolerance, key, mistakes))
+    return Checked(report(title, answer, ex.expected(), ex.hint, ex.tolerance, key, mistakes,
+                          say_which=ex.say_which))
 
 
 def reveal(key: str) -> None:

@@ -36,6 +36,9 @@ class Exercise:
     # value exercises: (computes a known wrong answer, what was wrong in the reasoning that gives it), so a check
     # can say what to rethink instead of "too high" or "too low"
     mistakes: tuple = ()
+    # value exercises with a list answer: False when saying which value is wrong gives it away (block ids found by
+    # elimination); a wrong list is then only "at least one of its values is not right", as a tuple's always is
+    say_which: bool = True
 
     def __post_init__(self):
         if self.cases and self.reference is None:
@@ -937,7 +940,7 @@ EXERCISES: dict[str, Exercise] = {
                                 (lambda: _next_block_after_frees(to_tail=True), "you put the freed blocks at the "
                                  "tail; with caching off, which end does free_blocks put them at?")),
                       hint="write out the free queue and the ref counts of blocks 0 to 3 after every call: which "
-                           "blocks reach 0, to which end do they go, and in which order?"),
+                           "blocks reach 0, to which end do they go, and in which order?", say_which=False),
     "table-after-a-free": Exercise("(Z's block table, the slot of Z's last token)",
                       notebook="free_list_allocation", expected=_table_after_a_free,
                       mistakes=((lambda: _table_after_a_free(freed_to="tail"), "you put X's freed blocks at the "

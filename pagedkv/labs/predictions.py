@@ -181,9 +181,17 @@ PREDICTIONS: dict[str, Prediction] = {
             ([6, 7, 8], "with caching off, which end of the queue does a freed block join?"),
         ),
     ),
-    "allocate-or-none": Prediction(
-        "your prediction (blocks or None, per prompt)", "free_list_allocation",
-        hint="count the free blocks first, then what each prompt needs at once.",
+    "decode-steps-until-none": Prediction(
+        "your prediction (the first decode step that gets None)", "free_list_allocation",
+        hint="a decode step asks for one token's slot: when does that need a new block, how full is the running "
+             "request's last block now, and how many decode tokens do the free blocks hold? Does section 6's watermark "
+             "rule concern a running request?",
+        mistakes=(
+            (40 * 16, "that is the last step that still got its slot; the question is the first that does not."),
+            (40, "that counts blocks; a decode step adds one token, and a block holds 16."),
+            (1 + 39 * 16, "at that step the call takes the last free block and returns it, not None."),
+            (16 + 40 * 16 + 1, "960 tokens fill their 60 blocks exactly: step 1's token already needs a new block."),
+        ),
     ),
     "v0-admission-status": Prediction(
         "your prediction (OK, LATER or NEVER, per prompt)", "free_list_allocation",
@@ -198,17 +206,17 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "swap-in-table": Prediction(
-        "your prediction (A's GPU table after swap-in, the slot of A's last token)", "free_list_allocation",
-        hint="the free GPU queue printed above says which blocks go first: which does X take, which does A get, and "
-             "in which order do A's logical blocks come back?",
+        "your prediction (A's GPU table after swap-in in 0.6.3, the slot of A's last token)", "free_list_allocation",
+        hint="write 0.6.3's deque out after every step: which ids sit at its head after swap-out, and in which order? "
+             "X takes from there first, then A, one block per table entry; then slot = block * 4 + offset.",
         mistakes=(
-            (([0, 1, 2], 8), "A's old blocks went back to the free queue at swap-out; where in the queue, and who "
-                             "asks for blocks first?"),
-            (([3, 4, 5], 20), "X asked first: its 8 tokens took blocks from the queue's head before A came back."),
-            (([7, 6, 5], 28), "swap-in keeps A's logical order: entry i of the new table holds logical block i's "
-                              "contents."),
-            (([0, 3, 4], 16), "that is what 0.6.3 would do, with freed blocks at the head; pagedkv's v0-shaped manager "
-                              "put them at the tail: read the queue printed above."),
+            (([5, 6, 7], 28), "that is pagedkv's queue printed above, with freed blocks at the tail; 0.6.3's "
+                              "appendleft puts each freed block at the head."),
+            (([2, 1, 0], 0), "X asked first: it takes blocks from the head before A is swapped back in."),
+            (([2, 3, 4], 16), "each appendleft puts its block in front of the one freed before it: after 0, 1, 2 are "
+                              "freed in that order, which is at the head?"),
+            (([0, 1, 2], 8), "A's old blocks went back to the deque at swap-out, and X asked for blocks before A came "
+                             "back."),
         ),
     ),
 
