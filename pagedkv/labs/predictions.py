@@ -67,17 +67,17 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
         tolerance=0.25,
     ),
-    "sliding-blocks-boundary": Prediction(
-        "your prediction (blocks a sliding layer holds after 4,096 and after 4,097 tokens)", "block_size_arithmetic",
-        hint="write down which tokens the window still needs after 4,096 tokens, then which 16-token blocks those "
-             "tokens lie in (block i holds tokens 16i to 16i + 15). Do the same after one token more.",
+    "sliding-page-bytes": Prediction(
+        "your prediction (page bytes: gpt-oss sliding, gpt-oss full, Gemma 3 sliding)", "block_size_arithmetic",
+        hint="a page is one block of one layer: KV heads x block_size x (K's width + V's width) x bytes per element. "
+             "Fill in each layer's own numbers, one term at a time.",
         mistakes=(
-            ((256, 257), "those are a full layer's blocks; a sliding layer's blocks whose tokens have all left the "
-                         "window are freed."),
-            ((128 // 16, 128 // 16), "the first value is right; after one token more, do the window's tokens still "
-                                     "fit in as many blocks?"),
-            ((128 // 16 + 1, 128 // 16 + 1), "the second value is right; after 4,096 tokens, where does the window "
-                                             "start, and does it start on a block boundary?"),
+            ((128 * 8 * 128 * 2, 16 * 8 * 128 * 2, 1024 * 16 * 256 * 2),
+             "how many tokens does one page hold: as many as the window, or block_size?"),
+            ((16 * 8 * 64 * 2, 16 * 8 * 64 * 2, 16 * 16 * 128 * 2),
+             "a page holds both K and V for each token: head_size + head_size_v."),
+            ((16 * 8 * 128 * 2, 16 * 8 * 128 * 2, 16 * 32 * 256 * 2),
+             "which heads does a layer cache: its query heads, or its KV heads?"),
         ),
     ),
 
