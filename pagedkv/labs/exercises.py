@@ -558,9 +558,6 @@ def _v0_swap_queue_order():
 
 
 # --------------------------------------------------- tiny_vllm
-SYSTEM_PROMPT = "The text below comes from the Python documentation, about its built-in types.\n"  # notebook 12
-
-
 @cache
 def _tiny():
     from ..model import load_tiny
@@ -568,16 +565,29 @@ def _tiny():
     return load_tiny()
 
 
-def _cached_prompt_tokens():
+def _resumed_row():
+    """Notebook 12's E1 on the tiny model's v1 engine: block size 4, 7 blocks, prefix caching on; A ("The list ")
+    and B ("A class is ") arrive together, 14 new tokens each; B is preempted in step 4 and admitted again in step
+    14. In that step: the block ids the scheduler sends the worker for B (what ``sent_to_worker`` gives: a request
+    absent the step before is sent its whole table, as vLLM 0.33 sends a resumed request), and the tokens of B the
+    prefix cache serves."""
     from ..engine import LLMEngine
 
     model, tokenizer = _tiny()
-    start = SYSTEM_PROMPT[:45]
-    engine = LLMEngine(model, version="v1", num_gpu_blocks=48, block_size=8)  # prefix caching on by default
-    engine.generate([tokenizer.encode(start + "A list ")], max_tokens=1)
-    before = engine.stats.num_prefix_cached_tokens
-    engine.generate([tokenizer.encode(start) + [ord("x")] * 20], max_tokens=1)
-    return engine.stats.num_prefix_cached_tokens - before
+    engine = LLMEngine(model, version="v1", num_gpu_blocks=7, block_size=4)  # prefix caching on by default
+    engine.add_request("A", tokenizer.encode("The list "), max_tokens=14)
+    engine.add_request("B", tokenizer.encode("A class is "), max_tokens=14)
+    before, preempted_in = {}, None
+    while engine.has_unfinished_requests():
+        out = engine.step()
+        step, tables = engine.stats.steps - 1, {r: list(t) for r, t in engine.snapshot().tables.items()}
+        if "B" in out.preempted_req_ids:
+            preempted_in = step
+        if "B" in out.scheduled_new_reqs and preempted_in is not None:
+            assert (preempted_in, step) == (4, 14), "the exercise's text names steps 4 and 14"
+            return len(tables["B"][len(before.get("B", [])):]), engine.scheduler.requests["B"].num_cached_tokens
+        before = tables
+    raise AssertionError("B was never preempted and admitted again, as the exercise's text says")
 
 
 def _peak_blocks_alone():
@@ -1101,8 +1111,20 @@ EXERCISES: dict[str, Exercise] = {
                                  "written in this step; a row also reads every key earlier steps wrote.")),
                       hint="who takes the budget first, and how much of the prompt is left after its two chunks? "
                            "Then apply section 1's rule to every row: where does it sit, and which keys does it read?"),
-    "cached-prompt-tokens": Exercise("cached prompt tokens", notebook="tiny_vllm", expected=_cached_prompt_tokens,
-                      hint="count the full blocks made only of the shared 45 bytes."),
+    "resumed-request-row": Exercise("(block ids sent for B in step 14, B's tokens from the prefix cache)",
+                      notebook="tiny_vllm", expected=_resumed_row,
+                      mistakes=((lambda: (3, 4), "the worker dropped B's row when B was preempted: a block B gets "
+                                 "back from the prefix cache is not in the worker's table either."),
+                                (lambda: (0, 4), "the worker dropped B's row when B was preempted: what must it be "
+                                 "sent to run B again?"),
+                                (lambda: (4, 12), "A kept growing while B waited: which free blocks did it take, and "
+                                 "what happened to their names?"),
+                                (lambda: (4, 0), "B freed its table last block first, so its first block went to the "
+                                 "free queue last: did A reach it?")),
+                      hint="what did the worker keep of B's row when B was preempted? For the cache: B frees its "
+                           "table last block first, a block without a name goes to the head of the free queue and a "
+                           "named one to its tail; which blocks does A take while B waits, and which of B's blocks "
+                           "still have their names in step 14?"),
     "peak-blocks-alone": Exercise("peak blocks", notebook="tiny_vllm", expected=_peak_blocks_alone,
                       hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
     "sliding-group-nulls": Exercise("(null entries, real blocks) of the sliding group",

@@ -712,11 +712,11 @@ PREDICTIONS: dict[str, Prediction] = {
     # ----------------------------------- tiny_vllm
     "engine-blocks-after-30": Prediction(
         "your prediction (blocks per request after step 30)", "tiny_vllm",
-        hint="after step k a request has written the K/V of its prompt and of the k tokens fed back since; the token "
-             "sampled last is not written yet. Then count blocks of 16 for that many tokens.",
+        hint="how many tokens of each request hold a slot after step 30: its prompt, and what the decode steps "
+             "added? Then count blocks of 16 for that many.",
         mistakes=(
-            ([2, 2, 3, 2], "30 decode steps add 30 tokens to each request: count its prompt too."),
-            ([3, 3, 3, 3], "req2's prompt is 21 bytes: 21 + 30 tokens need how many blocks of 16?"),
+            ([2, 2, 3, 2], "you counted the decoded tokens only: each request's prompt sits in its blocks too."),
+            ([3, 3, 3, 3], "req2's prompt is 21 bytes, more than a block already: where does it end after 30 steps?"),
         ),
     ),
     "worker-new-block-step": Prediction(
@@ -738,16 +738,6 @@ PREDICTIONS: dict[str, Prediction] = {
              "a hit is whole blocks the later prompt shares from its start: which block is the first that differs?"),
         ),
     ),
-    "smollm2-kv-bytes": Prediction(
-        "your prediction (bytes per token, per block of 16)", "tiny_vllm",
-        hint="2 (K and V) x layers x KV heads x head size x 4 bytes; GQA: count the KV heads, not the query heads",
-        mistakes=(
-            ((138_240, 2_211_840), "that counts 9 heads: how many KV heads does SmolLM2 have?"),
-            ((23_040, 368_640), "that is one of K and V, or float16: both are cached, 4 bytes each"),
-            ((1_536, 24_576), "that is one layer; the cache holds every layer's K and V"),
-        ),
-    ),
-
     "smollm2-chat-prefix-hit": Prediction(
         "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
         hint="only a full block has a name; and a block is named when it is allocated for tokens that will fill it, "
@@ -759,11 +749,28 @@ PREDICTIONS: dict[str, Prediction] = {
             (64, "that counts all four requests; the first one computes its prompt."),
         ),
     ),
-    "v0-swap-same-text": Prediction(
-        "your prediction (tokens through the model, preempting by swap)", "tiny_vllm",
-        hint="what does a swapped-out request keep while it waits, and what has to be computed when it comes back?",
+    "tight-pool-no-prefix-cache": Prediction(
+        "your prediction (steps, tokens through the model, prefix caching off)", "tiny_vllm",
+        hint="with caching off, what does a readmitted request get back from its freed blocks? And does any step hold "
+             "more blocks, or fewer, than with caching on?",
         mistakes=(
-            (786, "swap copies the victim's K/V to CPU blocks and back: is anything computed twice?"),
+            ((74, 512), "that is the run with caching on: what did its readmitted requests get from the prefix cache, "
+                        "and who computes those tokens now?"),
+            ((74, 512 - 32), "the prefix cache saved tokens in the run with it on; off, those tokens are computed."),
+            ((40, 398), "that is the roomy pool: the tight pool still preempts, cache or no cache."),
+        ),
+    ),
+    "cuda-graph-padded-slots": Prediction(
+        "your prediction (slot-mapping length in step 0, in step 8)", "tiny_vllm",
+        hint="count the tokens each step runs (a prefix hit's tokens are not run; a finished chat leaves the batch), "
+             "then round up to the next captured size.",
+        mistakes=(
+            ((152, 4), "step 0 does not run the 48 tokens the prefix cache served."),
+            ((99, 3), "a graph replays the batch size it was recorded for: both steps are padded up to a captured "
+                      "size."),
+            ((104, 3), "a decode batch is padded too: is 3 a captured size?"),
+            ((99, 4), "a prefill batch is padded too: is 99 a captured size?"),
+            ((128, 4), "past 8 the captured sizes go up by 8, not by doubling."),
         ),
     ),
 
