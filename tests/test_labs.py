@@ -361,6 +361,18 @@ def test_a_question_with_no_run_takes_its_answer_from_the_package(capsys):
         check.prediction("free-queue-next-block", 3)  # a run's question needs the run's value
 
 
+def test_a_question_passed_the_run_itself_works_its_value_out_of_it(capsys):
+    """A ``from_run`` question gets the run, not the value: the formula stays out of the notebook's check cell."""
+    from types import SimpleNamespace as Run
+
+    beam = Run(steps=[Run(blocks_without_sharing=72, num_seqs=4)], peak_without_sharing=72)
+    runs = {"parallel": Run(savings=1 - 51 / 72), "beam": beam}
+    check.prediction("whole-run-savings", (1 - 51 / 72, 1 - 21 / 72), runs)
+    check.prediction("whole-run-savings", (1 - 51 / 72, 1 - 18 / 72), runs)  # a known slip: named
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[ok]") and "distinct beams differ somewhere" in out[1]
+
+
 def test_an_unknown_prediction_key_lists_the_keys(capsys):
     with pytest.raises(PagedKVKeyError, match="free-queue-next-block"):
         check.prediction("no-such-prediction", 1, 1)

@@ -43,7 +43,7 @@ WRONG = {
     "03": ("next_blocks = [3, 0, 2]", "next_blocks = [0, 3, 2]"),  # one call's list put back block by block
     "04": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
     "05": ("e1 = ([1], 4)", "e1 = ([0, 1], 5)"),  # copied the full block too
-    "06": ("e2 = (1, 5)", "e2 = (3, 5)"),  # pruning frees every block of the beam
+    "06": ("e2 = (1, 1, 4)", "e2 = (1, 2, 5)"),  # the second writer copies the block it alone holds now
     "07": ("e1 = (17, 1, 5)", "e1 = (13, 0, 4)"),  # wrote into the shared block where it stands
     "08": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
     "09": ("e1_num_preempted = 3", "e1_num_preempted = 2"),  # let the tail skip the step instead of preempting itself

@@ -168,9 +168,10 @@ _FROM_THE_PACKAGE = object()  # no truth passed: the question's own ``expected``
 def prediction(key: str, got, truth=_FROM_THE_PACKAGE) -> None:
     """A "predict, then run" verdict on prediction ``key`` (e.g. ``"free-queue-next-block"``): ``[ok]`` or what is
     off, never the value; ``truth`` is what the run just produced. A question asked before anything runs passes no
-    ``truth``: its ``expected`` in ``predictions.py`` computes it. Its title, hint and known slips are there too, not
-    in the cell. Predictions earn no points, so it prints and never raises, under nbgrader too (a blank one says "no
-    answer yet")."""
+    ``truth``: its ``expected`` in ``predictions.py`` computes it; one with a ``from_run`` there is passed the run
+    itself, and ``from_run`` works the value out of it (a formula in the cell would give the method away). Its
+    title, hint and known slips are there too, not in the cell. Predictions earn no points, so it prints and never
+    raises, under nbgrader too (a blank one says "no answer yet")."""
     try:
         question = PREDICTIONS[key]
     except (KeyError, TypeError):
@@ -181,6 +182,8 @@ def prediction(key: str, got, truth=_FROM_THE_PACKAGE) -> None:
             raise PagedKVValueError(f"prediction {key!r} is compared with what the run produced: pass that value "
                                     "as the third argument.")
         truth = question.expected()
+    elif question.from_run is not None:  # the run itself was passed: the value to compare is worked out of it here
+        truth = question.from_run(truth)
     report(question.title, got, truth, hint=question.hint, tolerance=question.tolerance, mistakes=question.mistakes,
            graded=False, sizes=question.sizes)
 

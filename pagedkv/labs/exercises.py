@@ -241,21 +241,22 @@ def _parallel_savings_sharegpt_like(limit: bool = True):
 
 
 def _pruned_beam():
-    """Beams X = [0, 1, 2] and Y = [0, 1, 3]; both survivors descend from X: fork X, free Y, append one each."""
+    """Beams X = [0, 1, 2] and Y = [0, 1, 3], each with 2 tokens of its own in its last block; both survivors
+    descend from X: Y is freed and X forked into X2 (the other order gives the same answer), then X and X2 append
+    one token each."""
     from ..manager import BlockSpaceManager
 
     manager = BlockSpaceManager(4, 16, watermark=0.0)
     manager.allocate("X", range(8))
     manager.fork("X", "Y")
-    manager.append_slots("X", [10, 11, 12, 13])
-    manager.append_slots("Y", [20, 21, 22, 23])
-    manager.fork("X", "X2")
+    manager.append_slots("X", [10, 11])
+    manager.append_slots("Y", [20, 21])
     free_before = manager.num_free_gpu_blocks
     manager.free("Y")
     freed = manager.num_free_gpu_blocks - free_before
-    manager.append_slots("X", [14])
-    manager.append_slots("X2", [15])
-    return freed, 16 - manager.num_free_gpu_blocks
+    manager.fork("X", "X2")
+    copies = manager.append_slots("X", [12]) + manager.append_slots("X2", [13])
+    return freed, len(copies), 16 - manager.num_free_gpu_blocks
 
 
 # ---------------------------------------------- prefix_caching
@@ -1022,10 +1023,16 @@ EXERCISES: dict[str, Exercise] = {
                            "writer's reference moves to the copy (notebook 05). For the peak, the last step "
                            "allocates a slot for every sample's previous token; the token it samples last is never "
                            "written."),
-    "pruned-beam": Exercise("(blocks freed by pruning Y, blocks in use after the step)",
+    "pruned-beam": Exercise("(blocks freed by dropping Y, copy-on-write copies, blocks in use after the step)",
                       notebook="beam_search_sharing", expected=_pruned_beam,
-                      hint="freeing a beam returns only the blocks whose ref count falls to 0. When X and X2 append, "
-                           "is X's last block full or partly filled, and where must each new token go?"),
+                      mistakes=((lambda: (1, 2, 5), "the second of X and X2 to write finds the block's ref count "
+                                 "back at 1: does it still need a copy?"),
+                                (lambda: (1, 2, 4), "the second of X and X2 to write finds the block's ref count "
+                                 "back at 1: does it still need a copy?"),
+                                (lambda: (1, 0, 3), "after the fork X and X2 both hold X's last block, and it has "
+                                 "free slots: may either write into it as it stands (notebook 05)?")),
+                      hint="freeing a beam returns only the blocks whose ref count falls to 0. After the fork, who "
+                           "holds X's last block, and how full is it? Then walk the two appends one at a time."),
     "parallel-sampling-savings": Exercise("(smallest n saving 25 %, the saving's limit as n grows)",
                       notebook="beam_search_sharing", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
                       hint="write the saving at the peak as a formula in n: count the blocks one sample holds then "

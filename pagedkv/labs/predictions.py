@@ -30,6 +30,16 @@ class Prediction:
     tolerance: float = 0.0  # relative: an estimate (a share, a ratio) is right within this fraction of the run's
     sizes: bool = True  # False: a part of the wrong length is only "not right" (where its length is half the answer)
     expected: Callable[[], object] | None = None  # no run to compare with: the answer, from the package
+    from_run: Callable[[object], object] | None = None  # the check cell passes the run itself: the value to compare,
+    # worked out of it here, so the cell shows no formula that would give the method away
+
+
+def _beam_ceiling(beam) -> float:
+    """The most a beam search could save: at its last step, where it peaks without sharing, its beams would share
+    every block but the one that holds their newest token, which distinct beams must keep apart (one block each)."""
+    last = beam.steps[-1]
+    per_beam = last.blocks_without_sharing // last.num_seqs
+    return 1 - (per_beam - 1 + last.num_seqs) / beam.peak_without_sharing
 
 
 PREDICTIONS: dict[str, Prediction] = {
@@ -342,28 +352,28 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "beam-step-2-drops": Prediction(
-        "your prediction (beams dropped at step 2, blocks held at the end of step 2, copies at step 3)",
+        "your prediction (beams dropped at step 2, blocks the drops give back, copies at step 3)",
         "beam_search_sharing",
         hint="section 2's step 3: which of step 2's named second blocks do its requests hit, and what became of the "
-             "beams that filled the others? Here each beam held its own copy of that block after step 2's write, and a "
-             "dropped beam gives back what only it held. At step 3, does the block the survivors share have a free "
-             "slot?",
+             "beams that filled the others? Here, after step 2's writes, who holds each copy of block 1, and who "
+             "holds block 1 itself? A dropped beam gives back only what nobody else holds. At step 3, does the block "
+             "the survivors share have a free slot?",
         mistakes=(
-            ((3, 5, 0), "5 is what step 2 allocated, before sampling; each dropped beam then gives back the blocks "
-                        "only it held, in the same step."),
-            ((3, 2, 3), "the block the survivors share at step 3 is full: a beam's next token needs a new block, and "
+            ((3, 2, 0), "the fourth beam to write found block 1's ref count back at 1 and wrote into it in place: "
+                        "after that, who else holds block 1?"),
+            ((3, 3, 3), "the block the survivors share at step 3 is full: a beam's next token needs a new block, and "
                         "v0 copies a shared block only when the write lands in it (notebook 05)."),
-            ((3, 2, 4), "the block the survivors share at step 3 is full: a beam's next token needs a new block, and "
+            ((3, 3, 4), "the block the survivors share at step 3 is full: a beam's next token needs a new block, and "
                         "v0 copies a shared block only when the write lands in it (notebook 05)."),
-            ((3, 1, 0), "the survivors still share the prompt's first block, beside the second block they descend "
-                        "from."),
-            ((0, 5, 0), "section 2's step 3 hit only some of step 2's named second blocks: a beam nobody extends is "
+            ((3, 6, 0), "the dropped beams share the prompt's first block with the survivor: a free drops their "
+                        "references, and the block stays."),
+            ((0, 0, 0), "section 2's step 3 hit only some of step 2's named second blocks: a beam nobody extends is "
                         "dropped."),
         ),
     ),
     "whole-run-savings": Prediction(
         "your prediction (parallel sampling's saving, the most beam search could save)", "beam_search_sharing",
-        tolerance=0.01,
+        tolerance=0.01, from_run=lambda runs: (runs["parallel"].savings, _beam_ceiling(runs["beam"])),
         hint="first the blocks one sequence's table holds at the last step: its 30 prompt tokens, and how many "
              "generated tokens hold a slot then (step 1 is the prefill)? Without sharing there are four such tables. "
              "Parallel samples share only the blocks that are never written again. For beam search, ask what four "
