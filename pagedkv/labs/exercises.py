@@ -204,6 +204,36 @@ def _fork_of_a_fork(free_b: bool = True):
     return ref_count, manager.append_slots("C", [6]), manager.append_slots("A", [7])
 
 
+def _fan_out_whole_blocks(first_tokens: bool = True):
+    """Section 6 on an 8-token prompt (two full blocks), block size 4, n = 3, each sample writing its first token:
+    the prompt tokens each 0.33 child computes (children admitted one after another), 0.33's blocks in use, v0's
+    copy-on-write copies (a sequence forked twice) and v0's blocks in use. ``first_tokens=False`` replays a slip:
+    0.33's blocks counted before the first tokens' slots."""
+    from ..manager import BlockSpaceManager
+    from ..v1.kv_cache_manager import KVCacheManager
+    from ..v1.scheduler import Request
+
+    prompt = list(range(1, 9))
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=10)
+    computed, children = [], []
+    for index in range(3):
+        child = Request(f"{index}_req", prompt, max_tokens=4)
+        hit_blocks, num_hit = kv.get_computed_blocks(child)
+        kv.allocate_slots(child, len(prompt) - num_hit, num_hit, hit_blocks)
+        computed.append(len(prompt) - num_hit)
+        children.append(child)
+    for index, child in enumerate(children if first_tokens else ()):
+        child.num_computed_tokens = len(prompt)
+        child.output_token_ids.append(100 + index)
+        kv.allocate_slots(child, 1)
+    v0 = BlockSpaceManager(4, 10)
+    v0.allocate("0", prompt)
+    v0.fork("0", "1")
+    v0.fork("0", "2")
+    copies = sum(len(v0.append_slots(s, [100])) for s in ("0", "1", "2"))
+    return computed, kv.num_gpu_blocks - kv.num_free_blocks, copies, v0.num_total_gpu_blocks - v0.num_free_gpu_blocks
+
+
 # ----------------------------------------- beam_search_sharing
 def _partial_block_prompt():
     """n = 3 samples of 6 tokens from a 9-token prompt (two full blocks and one token), block size 4, on the tiny
@@ -1013,6 +1043,20 @@ EXERCISES: dict[str, Exercise] = {
                       hint="a fork adds one reference to every block of the sequence it copies, and freeing a "
                            "sequence drops one from each of its blocks. A write copies a partly filled block only "
                            "while someone else still holds it, and the writer's reference moves to the copy."),
+    "fan-out-whole-blocks": Exercise("(tokens each 0.33 child computes, 0.33 blocks in use, v0 copies, v0 blocks in "
+                      "use)", notebook="copy_on_write_forks", expected=_fan_out_whole_blocks,
+                      mistakes=((lambda: ([8, 0, 0], 5, 0, 5), "the later children cannot hit the whole prompt: a hit "
+                                 "stops at num_tokens - 1 tokens, in whole blocks (notebook 04)."),
+                                (lambda: _fan_out_whole_blocks(first_tokens=False)[:2] + (0, 5), "those are 0.33's "
+                                 "blocks after the prefill; each child's first token needs a slot too: is there one "
+                                 "left in its blocks?"),
+                                (lambda: ([8, 4, 4], 7, 2, 4), "that is section 6's v0 bill, where the last prompt "
+                                 "block had room; here it is full: which block does each sample's token go into?"),
+                                (lambda: ([8, 4, 4], 7, 0, 2), "a fork adds no blocks, but the samples' first tokens "
+                                 "need slots too: are there any free in the prompt's blocks?")),
+                      hint="0.33: a hit stops at num_tokens - 1 tokens, in whole blocks (notebook 04), and what is "
+                           "not hit is computed into blocks of the child's own. v0: which block does each sample's "
+                           "first token land in (section 4)? Then count every block someone holds, in each engine."),
     "partial-block-prompt": Exercise("(copy-on-write copies over the request, peak blocks in use)",
                       notebook="beam_search_sharing", expected=_partial_block_prompt,
                       mistakes=((lambda: _partial_block_prompt_slip(every_writer_copies=True), "the last sample to "

@@ -277,11 +277,15 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- copy_on_write_forks
     "fork-blocks-and-ref-counts": Prediction(
-        "your prediction (GPU blocks in use, ref counts of blocks 0 and 1)", "copy_on_write_forks",
-        hint="what does a fork give the child: new blocks, or entries that point at the parent's blocks?",
+        "your prediction (GPU blocks in use, ref counts of blocks 0 and 1, the free queue's head)",
+        "copy_on_write_forks",
+        hint="write each table out after each fork: which physical blocks does it list? A block leaves the free "
+             "queue only when a sequence is given it.",
         mistakes=(
-            ((2 + 2, [1, 1, 1, 1]), "that copies the parent's blocks; a fork copies the block table only."),
-            ((2, [1, 1]), "the blocks did not move, but how many sequences hold each one now?"),
+            ((2 + 2 + 2, [1, 1], 2 + 2 + 2), "that gives each fork blocks of its own and copies the K/V into them; "
+             "what does a fork copy: the blocks, or the block table?"),
+            ((2, [2, 2], 2), "that counts one fork; the grandchild's table lists blocks too: which ones?"),
+            ((2, [1, 1], 2), "the blocks did not move, but how many sequences hold each one now?"),
         ),
     ),
     "first-write-copy": Prediction(
