@@ -1006,8 +1006,8 @@ EXERCISES: dict[str, Exercise] = {
                       notebook="prefix_caching", expected=_blocks_named_alike,
                       mistakes=((lambda: _blocks_named_alike(chained=False), "you named each block by its own tokens "
                                  "alone; a name chains in its parent's name."),),
-                      hint="a block's name hashes its parent's name together with its own tokens: two blocks with "
-                           "the same tokens get the same name only if everything before them is the same too."),
+                      hint="what goes into a block's name besides its own tokens? Compare that input, block by "
+                           "block, for Q and for P."),
     "returning-prefix-table": Exercise("the new request's blocks",
                       notebook="prefix_caching", expected=_blocks_of_a_returning_prefix,
                       mistakes=((lambda: _blocks_of_a_returning_prefix("no cap"), "you let both of S's blocks hit; "

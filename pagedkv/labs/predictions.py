@@ -232,8 +232,12 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- prefix_caching
     "hash-chain-names-changed": Prediction(
-        "your prediction (names changed)", "prefix_caching",
-        hint="a block's name hashes its parent's name: what happens to every name after a changed one?",
+        "your prediction (names changed)", "prefix_caching", sizes=False,
+        hint="which blocks get a name at all, and what goes into each block's name besides its own tokens?",
+        mistakes=(
+            (([0], [2]), "each name also hashes its parent's name: is anything that goes into block 1's name changed?"),
+            (([0, 1, 2, 3], [2, 3]), "only full blocks get a name: how many of the 14 tokens fill whole blocks of 4?"),
+        ),
     ),
     "second-request-cached-tokens": Prediction(
         "your prediction (req1's cached tokens, req1's block table)", "prefix_caching",
@@ -261,12 +265,19 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
     "multi-turn-cached-tokens": Prediction(
         "your prediction (turn 2's cached tokens)", "prefix_caching",
-        hint="how many of turn 1's 21 tokens have K/V, and how many full blocks do they fill?",
+        hint="which of turn 1's 20 tokens did a step run the model on, and how many full blocks do those fill?",
+        mistakes=(
+            (20, "that counts all 20 of turn 1's tokens as cached; a block is named when its tokens get their slots: "
+                 "which step would have given the answer's last token its slot?"),
+            (12, "that counts turn 1's prompt only; its answer was decoded into the same pool, and allocate_slots "
+                 "names blocks during decoding too."),
+        ),
     ),
     "shared-system-prompt-blocks": Prediction(
         "your prediction (the first pool size at the ceiling)", "prefix_caching",
-        hint="which freed blocks join the queue's tail behind a system prompt, and how many requests arrive "
-             "between two uses of the rarest prompt?",
+        hint="a system prompt's blocks come back only if no allocation reaches them at the queue's head first: "
+             "which freed blocks join the tail behind them before their next use, and so how many blocks must the "
+             "pool hold at once?",
         mistakes=(
             (48, "48 blocks hold the 32 system-prompt blocks and one request at a time; but what else does a freed "
                  "request leave in the queue, and at which end?"),
