@@ -110,6 +110,22 @@ def test_a_window_changes_how_many_pages_a_layer_keeps_never_a_pages_bytes():
     assert len({g.page_size_bytes for g in groups}) == 1  # one pool block size serves both groups
 
 
+def test_mla_and_mamba_pages_are_vllms():
+    """vLLM 0.33: MLAAttentionSpec is one KV head of the latent plus the RoPE key, head_size_v 0 (DeepSeek-V3, bf16);
+    MambaSpec is the states' bytes (Jamba-v0.1's mamba1_state_shape, bf16), padded to one attention page of 80
+    tokens by _align_hybrid_block_size (notebook 01, section 5)."""
+    from pagedkv.v1.kv_cache_interface import MambaSpec, MLAAttentionSpec
+
+    mla = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=512 + 64, dtype="bfloat16")
+    assert mla.head_size_v == 0 and mla.page_size_bytes == 18_432
+    mamba = MambaSpec(shapes=((8192, 3), (8192, 16)), dtypes=("bfloat16", "bfloat16"))
+    assert mamba.page_size_bytes == 311_296
+    page = FullAttentionSpec(80, 8, 128, "bfloat16").page_size_bytes
+    assert page == 327_680 and MambaSpec(mamba.shapes, mamba.dtypes, page_size_padded=page).page_size_bytes == page
+    with pytest.raises(PagedKVError, match="smaller than the states"):
+        MambaSpec(mamba.shapes, mamba.dtypes, page_size_padded=page // 2)
+
+
 def test_groups_are_formed_as_vllm_forms_them():
     sw, full = SlidingWindowSpec(16, 16, 128, "bfloat16", 1024), FullAttentionSpec(16, 16, 128, "bfloat16")
     gemma = get_kv_cache_groups([full if (i + 1) % 6 == 0 else sw for i in range(62)])  # Gemma 3 27B's pattern

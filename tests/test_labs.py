@@ -234,7 +234,7 @@ def test_the_labs_command_never_overwrites_solutions_or_a_students_work(tmp_path
 @pytest.mark.parametrize("key", ["01.E1", "next-block", None])
 def test_an_unknown_exercise_key_lists_the_keys(key):
     for call in (lambda: check.exercise(key, 1), lambda: check.reveal(key)):
-        with pytest.raises(KeyError, match=r"no exercise .*: tp-blocks-growth, tp16-kv-heads"):
+        with pytest.raises(KeyError, match=r"no exercise .*: tp-blocks-growth, requests-at-two-block-sizes"):
             call()
 
 

@@ -67,41 +67,37 @@ def _tp_blocks_growth(**slip):
     return _tp_blocks_per_gpu(8, **slip) / _tp_blocks_per_gpu(4, **slip)
 
 
-def _tp16_bytes_per_token():
-    """Llama-2-70B (8 KV heads) under tensor parallelism 16: a KV head cannot be split, so each GPU keeps the one
-    its 4 query heads use, and every KV head is kept on two GPUs (vLLM 0.33: ``ModelConfig.get_num_kv_heads`` in
-    ``vllm/config/model.py``, ``max(1, num_kv_heads // tensor_parallel_size)``). Bytes per token on one GPU, and
-    summed over the 16."""
-    from ..sizing import MODELS
+def _requests_at_block_sizes(per_request=None, null_block: bool = True, utilization: float = 0.92,
+                             cuda_graphs: int = 1):
+    """Llama-3-8B on one 80 GiB card in vLLM 0.33 as notebook 01 models it (0.92 of the card less the weights,
+    2 GiB of activations and a 1 GiB CUDA-graph estimate; one block kept back, the null block): how many requests of
+    1,025 tokens each its cache holds at once, nothing shared, at block_size 16 and at 128. A request holds whole
+    blocks, ``ceil(1025 / block_size)``. ``per_request`` (blocks a request takes, from the block size) and the
+    others replay slips."""
+    from ..sizing import MODELS, GiB, blocks_needed, num_gpu_blocks
 
-    spec, tp = MODELS["llama-2-70b"], 16
-    shard = dataclasses.replace(spec, num_heads=spec.num_heads // tp, num_kv_heads=max(1, spec.num_kv_heads // tp))
-    return shard.kv_bytes_per_token, tp * shard.kv_bytes_per_token
+    spec = MODELS["llama-3-8b"]
+    peak = spec.weight_bytes + 2 * GiB + cuda_graphs * GiB
+    per_request = per_request or (lambda block_size: blocks_needed(1025, block_size))
+    answer = []
+    for block_size in (16, 128):
+        blocks = num_gpu_blocks(spec, block_size, 80 * GiB, peak, gpu_memory_utilization=utilization) - null_block
+        answer.append(int(blocks // per_request(block_size)))
+    return tuple(answer)
 
 
-def _tp16_heads_cut_in_half():
-    """The slip: 8 KV heads spread over 16 GPUs as if each GPU could keep half a head."""
-    from ..sizing import MODELS
+def _jamba_fp8_block_size(attention_dtype: str = "fp8", mamba_dtype: str = "bfloat16", alignment: int = 16):
+    """Jamba-v0.1 with ``--kv-cache-dtype fp8`` in vLLM 0.33 (``_align_hybrid_block_size`` in
+    ``vllm/platforms/interface.py``): the attention layers' K/V in fp8 (8 KV heads of 128, 1 byte a value), the Mamba
+    states in the model's bf16 (``--mamba-cache-dtype auto``; ``mamba1_state_shape``: a conv state of 8,192 x 3 and an
+    SSM state of 8,192 x 16). block_size is the smallest multiple of 16 whose attention page holds the Mamba state;
+    the Mamba page is padded to that page. Returns (block_size, padding bytes). The arguments replay slips."""
+    from ..v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
-    whole = MODELS["llama-2-70b"].kv_bytes_per_token
-    return whole / 16, whole
-
-
-def _mla_bytes_per_gpu(tp: int = 8, latent_split: bool = False, mha_tp: int | None = None, rope_values: int = 64,
-                       value_bytes: int = 2):
-    """DeepSeek-V3's MLA cache per token on one of ``tp`` GPUs: a 512-value latent + a 64-value RoPE key per layer,
-    bf16, 61 layers, kept whole on every GPU: it serves every head, so it cannot be split by head (vLLM 0.33:
-    ``ModelConfig.get_num_kv_heads`` in ``vllm/config/model.py`` is 1 for MLA, whatever the tensor parallelism).
-    Against one GPU's share of a plain-MHA model of that width (K and V of 128 heads of 128), its heads split over
-    the ``tp`` GPUs. ``latent_split``, ``mha_tp`` and the others replay slips."""
-    from ..sizing import ModelSpec
-
-    mla = (512 + rope_values) * 61 * value_bytes
-    mla = mla / tp if latent_split else mla
-    heads = 128 // (tp if mha_tp is None else mha_tp)
-    mha = ModelSpec("mha-61", num_layers=61, num_heads=heads, num_kv_heads=heads, head_size=128,
-                    dtype="bfloat16").kv_bytes_per_token
-    return mla, mha / mla
+    mamba = MambaSpec(shapes=((8192, 3), (8192, 16)), dtypes=(mamba_dtype, mamba_dtype)).page_size_bytes
+    token = FullAttentionSpec(block_size=1, num_kv_heads=8, head_size=128, dtype=attention_dtype).page_size_bytes
+    block_size = alignment * -(-mamba // (alignment * token))
+    return block_size, block_size * token - mamba
 
 
 # ---------------------------------------- free_list_allocation
@@ -929,25 +925,32 @@ EXERCISES: dict[str, Exercise] = {
                                  "vLLM uses only gpu_memory_utilization of it.")),
                       hint="twice as many GPUs share the model: list what one GPU holds (weights, activations, "
                            "blocks) and, for each, whether it shrinks; then what the block itself holds."),
-    "tp16-kv-heads": Exercise("(K/V bytes per token on one GPU, summed over 16 GPUs)",
-                      notebook="block_size_arithmetic", expected=_tp16_bytes_per_token,
-                      mistakes=((_tp16_heads_cut_in_half, "you gave each GPU a fraction of a KV head; a GPU keeps "
-                                 "whole KV heads, so some heads must be kept on more than one GPU."),),
-                      hint="64 query heads share 8 KV heads: which query heads make up one KV head's group? Split "
-                           "the query heads over 16 GPUs: what does one GPU's share need from the cache?"),
-    "mla-bytes-per-gpu": Exercise("(MLA bytes per token on each of 8 GPUs, times fewer than MHA's on each)",
-                      notebook="block_size_arithmetic", expected=_mla_bytes_per_gpu, tolerance=0.01,
-                      mistakes=((lambda: _mla_bytes_per_gpu(latent_split=True), "you split the latent over the GPUs "
-                                 "as if it were heads; it serves every head, so each GPU keeps all of it."),
-                                (lambda: _mla_bytes_per_gpu(mha_tp=1), "you compared with the whole MHA model's cache; "
-                                 "at tensor parallelism 8 each GPU keeps only its share of MHA's heads."),
-                                (lambda: _mla_bytes_per_gpu(rope_values=0), "you counted the latent alone; MLA "
-                                 "also caches a small decoupled RoPE key per token and layer."),
-                                (lambda: _mla_bytes_per_gpu(value_bytes=1), "you counted values, not bytes: each "
-                                 "bf16 value takes 2 bytes.")),
-                      hint="a GPU computes attention for its share of the heads: which cached values does each of "
-                           "those heads read, under MLA and under MHA? MLA keeps a latent and a RoPE key per layer, "
-                           "MHA K and V per head."),
+    "requests-at-two-block-sizes": Exercise("(1,025-token requests the cache holds at block_size 16, at 128)",
+                      notebook="block_size_arithmetic", expected=_requests_at_block_sizes,
+                      mistakes=((lambda: _requests_at_block_sizes(per_request=lambda block_size: 1025 / block_size),
+                                 "you divided the blocks by 1,025 / block_size; a request holds whole blocks, and its "
+                                 "last one, partly empty, is a whole block too."),
+                                (lambda: _requests_at_block_sizes(per_request=lambda block_size: 1025 // block_size),
+                                 "1,025 tokens do not fit in 1,025 // block_size blocks: the tokens past the last full "
+                                 "block need one more."),
+                                (lambda: _requests_at_block_sizes(null_block=False, utilization=0.90,
+                                                                  cuda_graphs=0),
+                                 "that is v0.6.3's budget; the question is about 0.33's.")),
+                      hint="first the blocks: how many does 0.33's budget cut at each block size (section 3), and "
+                           "which one does it keep back? Then how many blocks does one 1,025-token request hold at "
+                           "each size (section 4)?"),
+    "jamba-fp8-block-size": Exercise("(Jamba's block_size with an fp8 KV cache, padding bytes in each Mamba page)",
+                      notebook="block_size_arithmetic", expected=_jamba_fp8_block_size,
+                      mistakes=((lambda: _jamba_fp8_block_size(mamba_dtype="fp8"), "--kv-cache-dtype sets the "
+                                 "attention layers' K/V only; the Mamba states keep their own, the model's bf16."),
+                                (lambda: _jamba_fp8_block_size(attention_dtype="bfloat16"), "that is the bf16 cache of "
+                                 "section 5; in fp8 an attention token takes half the bytes, so a page that holds the "
+                                 "Mamba state needs more tokens."),
+                                (lambda: _jamba_fp8_block_size(alignment=1), "0.33 keeps block_size a multiple of the "
+                                 "attention kernel's block, 16 here, as in section 5.")),
+                      hint="which of the two pages does fp8 change, and by how much? Then redo section 5's steps: "
+                           "the smallest multiple of 16 tokens whose attention page holds the Mamba state, and what "
+                           "that page has left over."),
     "reservation-outgrown": Exercise("tokens produced when token states first outnumber the chunk's empty slots",
                       notebook="memory_waste",
                       expected=_states_outnumber_reserved,

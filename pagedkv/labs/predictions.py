@@ -71,23 +71,29 @@ PREDICTIONS: dict[str, Prediction] = {
         hint="only a sequence's last block can be partly empty. Over many lengths, how many of its 16 slots are "
              "empty on average (not in one sequence), and how many slots does a sequence of average length hold?",
         mistakes=(
-            (15 / 1024 * 100, "that is one sequence whose last block is nearly empty, like the 1,009 tokens above; "
+            (15 / 1024 * 100, "that is one sequence whose last block is nearly empty, like the 1,025 tokens above; "
                               "over many lengths a last block is on average about half full."),
             (16 / 1025 * 100, "that is a whole empty block per sequence; a last block is on average about half full."),
         ),
         tolerance=0.25,
     ),
-    "sliding-page-bytes": Prediction(
-        "your prediction (page bytes: gpt-oss sliding, gpt-oss full, Gemma 3 sliding)", "block_size_arithmetic",
-        hint="a page is one block of one layer: KV heads x block_size x (K's width + V's width) x bytes per element. "
-             "Fill in each layer's own numbers, one term at a time.",
+    "layer-page-bytes": Prediction(
+        "your prediction (page bytes: gpt-oss sliding, gpt-oss full, DeepSeek-V3 MLA)", "block_size_arithmetic",
+        hint="a page is one block of one layer: how many tokens does it hold, and what does that kind of layer keep "
+             "for each of them (which heads, which vectors, how wide, how many bytes a value)?",
         mistakes=(
-            ((128 * 8 * 128 * 2, 16 * 8 * 128 * 2, 1024 * 16 * 256 * 2),
+            ((128 * 8 * 128 * 2, 16 * 8 * 128 * 2, 16 * 576 * 2),
              "how many tokens does one page hold: as many as the window, or block_size?"),
-            ((16 * 8 * 64 * 2, 16 * 8 * 64 * 2, 16 * 16 * 128 * 2),
-             "a page holds both K and V for each token: head_size + head_size_v."),
-            ((16 * 8 * 128 * 2, 16 * 8 * 128 * 2, 16 * 32 * 256 * 2),
+            ((16 * 8 * 64 * 2, 16 * 8 * 64 * 2, 16 * 576 * 2),
+             "an attention layer keeps both K and V for each token."),
+            ((16 * 64 * 128 * 2, 16 * 64 * 128 * 2, 16 * 576 * 2),
              "which heads does a layer cache: its query heads, or its KV heads?"),
+            ((16 * 8 * 128 * 2, 16 * 8 * 128 * 2, 2 * 16 * 576 * 2),
+             "does MLA keep a V beside its latent?"),
+            ((16 * 8 * 128 * 2, 16 * 8 * 128 * 2, 128 * 16 * 576 * 2),
+             "is MLA's latent kept for each head, or once for all of them?"),
+            ((16 * 8 * 128 * 2, 16 * 8 * 128 * 2, 16 * 512 * 2),
+             "MLA keeps a RoPE key beside the latent."),
         ),
     ),
 

@@ -15,7 +15,8 @@ padded. Gemma 3 27B (52 sliding, 10 full layers) becomes 1 full group and 6 slid
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from ..errors import PagedKVValueError
 from ..sizing import DTYPE_BYTES, kv_cache_group_size
@@ -24,23 +25,30 @@ from ..validate import check_int
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """The shape of one attention layer's pages (vLLM: ``AttentionSpec``)."""
+    """The shape of one attention layer's pages (vLLM: ``AttentionSpec``). ``dtype`` is a name here ("bfloat16"),
+    a ``torch.dtype`` in vLLM; ``head_size_v``, V's width, is K's unless given (vLLM's default too)."""
 
     block_size: int
     num_kv_heads: int
     head_size: int
     dtype: str = "float16"
+    head_size_v: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         for name in ("block_size", "num_kv_heads", "head_size"):
             check_int(name, getattr(self, name), minimum=1)
         if self.dtype not in DTYPE_BYTES:
             raise PagedKVValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}.")
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", self.head_size)
+        check_int("head_size_v", self.head_size_v, minimum=0)
 
     @property
     def page_size_bytes(self) -> int:
-        """One layer's K and V for ``block_size`` tokens (vLLM: ``AttentionSpec.page_size_bytes``)."""
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * DTYPE_BYTES[self.dtype]
+        """One layer's K and V for ``block_size`` tokens, as vLLM 0.33 writes it (``AttentionSpec.page_size_bytes``:
+        ``num_heads * num_states * state_content_size_bytes``, one state a token): KV heads x block_size x
+        (head_size + head_size_v) x bytes per element."""
+        return self.num_kv_heads * self.block_size * (self.head_size + self.head_size_v) * DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,48 @@ class SlidingWindowSpec(AttentionSpec):
         step's budget when scheduling is synchronous, two with async scheduling)."""
         num_tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
         return -(-num_tokens // self.block_size) + 1
+
+
+@dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """A multi-head latent attention layer (vLLM: ``MLAAttentionSpec``): one compressed latent and a RoPE key per
+    token, shared by every head, so one "KV head" (``ModelConfig.get_num_kv_heads`` is 1 for MLA), ``head_size``
+    the latent's width plus the key's, and no separate V (``head_size_v = 0``)."""
+
+    head_size_v: int = field(default=0, kw_only=True)
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """A Mamba layer's page (vLLM: ``MambaSpec``): one request's states (``shapes``, each of ``dtypes``), whatever
+    ``block_size`` is; ``page_size_padded`` is the size vLLM 0.33 pads it to, one attention page
+    (``_align_hybrid_block_size`` in ``vllm/platforms/interface.py``)."""
+
+    shapes: tuple
+    dtypes: tuple
+    page_size_padded: int | None = None
+
+    def __post_init__(self):
+        if len(self.shapes) != len(self.dtypes) or not self.shapes:
+            raise PagedKVValueError(f"give one dtype per state shape, got {len(self.shapes)} shapes and "
+                                    f"{len(self.dtypes)} dtypes.")
+        for shape in self.shapes:
+            for size in shape:
+                check_int("a state shape's size", size, minimum=1)
+        for dtype in self.dtypes:
+            if dtype not in DTYPE_BYTES:
+                raise PagedKVValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}.")
+        unpadded = sum(math.prod(shape) * DTYPE_BYTES[dtype] for shape, dtype in zip(self.shapes, self.dtypes))
+        if self.page_size_padded is not None and check_int("page_size_padded", self.page_size_padded) < unpadded:
+            raise PagedKVValueError(f"page_size_padded ({self.page_size_padded:,}) is smaller than the states "
+                                    f"({unpadded:,} bytes).")
+
+    @property
+    def page_size_bytes(self) -> int:
+        """The states' bytes, or ``page_size_padded`` when it is set (vLLM: ``MambaSpec.page_size_bytes``)."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return sum(math.prod(shape) * DTYPE_BYTES[dtype] for shape, dtype in zip(self.shapes, self.dtypes))
 
 
 @dataclass(frozen=True)
