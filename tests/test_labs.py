@@ -78,7 +78,7 @@ def test_checks_print_and_never_raise(capsys):
     assert out[2] == "[not yet] x: '3' is not it yet: the answer should be a number, not a str."
     assert out[3].startswith("[ok]")
     assert "raised ZeroDivisionError" in out[4] and "check.reveal('lane-work')" in out[4]
-    assert out[5].startswith("[not yet] E1 lane_work(0, 16, 16) returned ([0], [0]): ")
+    assert out[5].startswith("[not yet] E1 lane_work(13, 8, 32) returned ([0], [0]): ")
     assert out[6] == "[not yet] E1 lane_work: expected a function, got a int."
 
 

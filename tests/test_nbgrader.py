@@ -299,7 +299,7 @@ def test_the_labs_are_the_released_notebooks(graded, tmp_path):
 
 def test_run_all_on_a_released_blank_notebook_goes_through(graded):
     """A student's Run All on a released notebook (no nbgrader, so checks print): no cell fails, every check
-    says there is no answer yet. Notebook 08: two exercises whose answers are a function's body."""
+    says there is no answer yet. Notebook 08: three exercises whose answers are a function's body."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
@@ -309,7 +309,7 @@ def test_run_all_on_a_released_blank_notebook_goes_through(graded):
     NotebookClient(notebook, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()  # raises if any cell fails
     checks = [c for c in notebook.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    assert len(checks) == 2
+    assert len(checks) == 3
     for cell in checks:
         assert "[not yet]" in outputs_text(cell) and "no answer yet" in outputs_text(cell), outputs_text(cell)
 

@@ -30,12 +30,15 @@ def test_one_stream_per_cell_and_no_bare_booleans(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
 def test_check_cells_say_where_pagedkv_must_be(path):
     """A check cell's first line is its import, with the comment a grader sees in the feedback when pagedkv
-    is missing from the grading environment; no hidden lines (nbgrader switches grading on by itself)."""
+    is missing from the grading environment, unless the notebook's first code cell imports ``check`` (08: once, at
+    the top, where a missing pagedkv fails first); no hidden lines (nbgrader switches grading on by itself)."""
+    first = "".join(next(c for c in cells(path) if c["cell_type"] == "code")["source"])
+    imported_at_top = "from pagedkv.labs import check\n" in first
     checks = [c for c in cells(path) if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
     assert checks, path.name
     for cell in checks:
         source = "".join(cell["source"])
-        assert source.startswith(IMPORT_LINE) and "HIDDEN" not in source, (path.name, source)
+        assert (imported_at_top or source.startswith(IMPORT_LINE)) and "HIDDEN" not in source, (path.name, source)
 
 
 def test_only_the_displayed_widgets_keep_state():

@@ -188,25 +188,31 @@ def prediction(key: str, got, truth=_FROM_THE_PACKAGE) -> None:
            graded=False, sizes=question.sizes)
 
 
-def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", key: str | None = None) -> bool:
-    """Run ``student_fn`` and ``reference_fn`` on each case; report the first case that differs."""
-    if not callable(student_fn):
-        _fail(f"{FAIL} {name}: expected a function, got a {_kind(student_fn)}.", None)
-        return False
+def function_cases(name: str, student_fn, reference_fn, cases, hint: str = "", key: str | None = None,
+                   run=None, tolerance: float = 0.0) -> bool:
+    """Run ``student_fn`` and ``reference_fn`` on each case; report the first case that differs. With ``run``, both
+    are tuples of functions and a case is ``run(functions, *case)`` (several functions checked together)."""
+    for fn in student_fn if run else (student_fn,):
+        if not callable(fn):
+            _fail(f"{FAIL} {name}: expected a function, got a {_kind(fn)}.", None)
+            return False
+    call = (lambda fns, args: run(fns, *args)) if run else (lambda fn, args: fn(*args))
     for args in cases:
         shown = ", ".join(repr(a) for a in args)
         try:
-            got = student_fn(*args)
+            got = call(student_fn, args)
         except NotImplementedError:
             _fail(f"{FAIL} {name}: no answer yet - write the function's body (it raises NotImplementedError).", None)
             return False
         except Exception as error:  # a student's bug: a message, not a traceback
-            _fail(f"{FAIL} {name}({shown}) raised {type(error).__name__}: {error}." + (f" Hint: {hint}" if hint
-                                                                                         else ""), key)
+            what = f"{name}, case {shown}," if run else f"{name}({shown})"
+            _fail(f"{FAIL} {what} raised {type(error).__name__}: {error}." + (f" Hint: {hint}" if hint else ""),
+                  key)
             return False
-        problem = difference(plain(got), plain(reference_fn(*args)))
+        problem = difference(plain(got), plain(call(reference_fn, args)), tolerance)
         if problem:
-            _fail(f"{FAIL} {name}({shown}) returned {got!r}: {problem}." + (f" Hint: {hint}" if hint else ""), key)
+            what = f"{name}, case {shown}: gave" if run else f"{name}({shown}) returned"
+            _fail(f"{FAIL} {what} {got!r}: {problem}." + (f" Hint: {hint}" if hint else ""), key)
             return False
     print(f"{PASS} {name}: all {len(cases)} cases right.")
     return True
@@ -243,8 +249,15 @@ def exercise(key: str, *answers) -> Checked:
     one tuple. Messages name the exercise as the notebook does ("E1 next block")."""
     ex = _exercise(key)
     title = f"{label(key)} {ex.title}"
+    if ex.cases and ex.run:  # several functions: check.exercise(key, f, g), or the tuple (f, g)
+        functions = answers[0] if len(answers) == 1 and isinstance(answers[0], tuple) else answers
+        if len(functions) != len(ex.reference):
+            _fail(f"{FAIL} {title}: expected {len(ex.reference)} functions, got {len(functions)}.", None)
+            return Checked(False)
+        return Checked(function_cases(title, tuple(functions), ex.reference, ex.cases, ex.hint, key, ex.run,
+                                      ex.tolerance))
     if ex.cases:
-        return Checked(function_cases(title, answers[0] if answers else None, ex.solution, ex.cases, ex.hint, key))
+        return Checked(function_cases(title, answers[0] if answers else None, ex.reference, ex.cases, ex.hint, key))
     answer = answers[0] if len(answers) == 1 else tuple(answers)
     mistakes = [(wrong(), why) for wrong, why in ex.mistakes]
     return Checked(report(title, answer, ex.expected(), ex.hint, ex.tolerance, key, mistakes,
@@ -255,6 +268,7 @@ def reveal(key: str) -> None:
     """Print the answer to exercise ``key``: try first, then ask."""
     ex = _exercise(key)
     if ex.cases:
-        print(f"{label(key)} {ex.title}, one way to write it:\n{inspect.getsource(ex.solution)}")
+        solutions = ex.solution if isinstance(ex.solution, tuple) else (ex.solution,)
+        print(f"{label(key)} {ex.title}, one way to write it:\n" + "\n".join(map(inspect.getsource, solutions)))
     else:
         print(f"{label(key)} {ex.title}: {ex.expected()!r}")

@@ -39,6 +39,9 @@ class Exercise:
     # value exercises with a list answer: False when saying which value is wrong gives it away (block ids found by
     # elimination); a wrong list is then only "at least one of its values is not right", as a tuple's always is
     say_which: bool = True
+    # function exercises of several functions (``solution`` and ``reference`` are tuples of them): how one case is
+    # put to them, ``run(functions, *case)``; the check compares what it returns (within ``tolerance``, relative)
+    run: Callable | None = None
 
     def __post_init__(self):
         if self.cases and self.reference is None:
@@ -425,15 +428,60 @@ def _kernel_lane_work(lane, block_size, num_words):
     return tokens, words
 
 
-def merge(m_a, s_a, acc_a, m_b, s_b, acc_b):
-    """Two partial softmax summaries (max logit, sum of exp(logit - max), unnormalised output sum of
-    exp(logit - max) * v) merged into one: one step of an online softmax, as vLLM 0.33's ``unified_attention``
+def merge(a, b):
+    """Two partial softmax summaries ``(m, s, acc)`` (max logit, sum of exp(logit - m), unnormalised output sum of
+    exp(logit - m) * v) merged into one: one step of an online softmax, as vLLM 0.33's ``unified_attention``
     rescales its ``acc`` by ``alpha`` (``v1/attention/ops/triton_unified_attention.py``)."""
     import math
 
+    (m_a, s_a, acc_a), (m_b, s_b, acc_b) = a, b
     m = max(m_a, m_b)
     alpha_a, alpha_b = math.exp(m_a - m), math.exp(m_b - m)  # each part rescaled to the new max
     return m, alpha_a * s_a + alpha_b * s_b, alpha_a * acc_a + alpha_b * acc_b
+
+
+def log_sum_exp(part):
+    """log(sum of exp(logit)) over a part's keys, from its summary: what ``merge_attn_states`` takes as a part's
+    LSE (``v1/attention/ops/merge_attn_states.py``, vLLM 0.33)."""
+    import math
+
+    m, s, _ = part
+    return m + math.log(s)
+
+
+def _three_way_merge(functions, order, a, b, c):
+    """E2's check: three parts merged in the order named, then ``(m, s, acc, log_sum_exp)`` of the result."""
+    merge_fn, lse_fn = functions
+    merged = merge_fn(merge_fn(a, b), c) if order == "(a with b) with c" else merge_fn(a, merge_fn(b, c))
+    return [*merged, lse_fn(merged)]
+
+
+def _merge_cases():
+    """Three sets of parts (m, s, acc), each merged both ways; s >= 1, as a part's own max contributes exp(0)."""
+    parts = (((1.0, 2.0, 0.5), (3.0, 1.0, -1.0), (0.0, 1.5, 2.0)),
+             ((800.0, 1.5, 0.25), (790.0, 4.0, 2.0), (805.0, 1.0, -0.5)),  # exp(800) overflows
+             ((-2.0, 5.0, 1.0), (2.5, 1.25, -3.0), (-40.0, 7.0, 10.0)))
+    return tuple((order, *abc) for abc in parts for order in ("(a with b) with c", "a with (b with c)"))
+
+
+def value_address(block, token, kv_head, d, block_size, num_kv_heads, head_size):
+    """Where value element ``d`` of (block, token, kv_head) sits in one layer's cache in vLLM 0.33's LBNHC layout,
+    counted in elements from the cache's start: block, token, head, then K's and V's ``head_size`` each."""
+    row = (block * block_size + token) * num_kv_heads + kv_head  # (token, head) rows of 2 * head_size elements
+    return row * 2 * head_size + head_size + d  # V after K in its row
+
+
+def _lbnhc_value_address(block, token, kv_head, d, block_size, num_kv_heads, head_size):
+    """The same, read off torch's strides: a cache whose element i holds i, viewed as FlashAttention views it
+    (logical (num_blocks, num_kv_heads, block_size, 2 * head_size) over LBNHC memory, then ``transpose(1, 2)`` and
+    ``split(head_size, dim=-1)``, ``v1/attention/backends/flash_attn.py``)."""
+    import torch
+
+    num_blocks = block + 1
+    memory = torch.arange(num_blocks * block_size * num_kv_heads * 2 * head_size)
+    kv_cache = memory.view(num_blocks, block_size, num_kv_heads, 2 * head_size).transpose(1, 2)
+    _, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    return int(value_cache[block, token, kv_head, d])
 
 
 def _chunk_keys_read():
@@ -1103,18 +1151,24 @@ EXERCISES: dict[str, Exercise] = {
                            "from each of A's blocks, and a block goes to the free queue only when none is left."),
     "lane-work": Exercise("lane_work",
                       notebook="paged_attention_kernel", solution=lane_work, reference=_kernel_lane_work,
-                      cases=((0, 16, 16), (5, 16, 16), (31, 16, 16), (13, 8, 32), (7, 32, 32), (3, 64, 32),
-                             (9, 1, 64), (30, 4, 8)),
+                      cases=((13, 8, 32), (21, 2, 32), (31, 8, 16), (30, 4, 8), (7, 32, 32), (3, 64, 32),
+                             (0, 128, 16), (9, 1, 64)),  # never block size 16: section 4's figure draws it
                       hint="first find the group size (never under one lane), the lane's group and its rank in "
                            "the group. How many groups fit in a warp? When a block has more tokens than that, which "
                            "token does group 0 take after token 0? And which word does rank 0 load after word 0?"),
-    "softmax-merge": Exercise("merge", notebook="paged_attention_kernel", solution=merge,
-                      cases=((1.0, 2.0, 0.5, 3.0, 1.0, -1.0), (0.0, 1.0, 2.0, 0.0, 3.0, 4.0),
-                             (800.0, 1.5, 0.25, 790.0, 4.0, 2.0), (-2.0, 5.0, 1.0, 2.5, 0.5, -3.0),
-                             (3.0, 2.0, 0.0, -40.0, 7.0, 10.0)),
-                      hint="each part's s and acc were computed against its own max: what happens to every one "
-                           "of their terms when the max they are measured from changes? Take exp only of a "
-                           "difference, never of a logit alone (section 3)."),
+    "softmax-merge": Exercise("merge and log_sum_exp", notebook="paged_attention_kernel",
+                      solution=(merge, log_sum_exp), run=_three_way_merge, cases=_merge_cases(), tolerance=1e-9,
+                      hint="each part's s and acc were measured from its own max: what becomes of every one of their "
+                           "terms when the max they are measured from changes? How does acc relate to section 6's "
+                           "o_p? For log_sum_exp: which of the part's numbers already holds its sum of exp, and "
+                           "measured from what? Take exp only of a difference, never of a logit alone (section 3)."),
+    "lbnhc-value-address": Exercise("value_address",
+                      notebook="paged_attention_kernel", solution=value_address, reference=_lbnhc_value_address,
+                      cases=((1, 3, 1, 0, 4, 2, 8), (0, 2, 0, 5, 4, 2, 8), (1, 0, 1, 7, 4, 2, 8),
+                             (3, 5, 2, 100, 16, 8, 128), (2, 15, 0, 63, 16, 1, 64), (0, 7, 3, 0, 8, 4, 32)),
+                      hint="LBNHC names the dimensions from the slowest to the fastest: how many elements does one "
+                           "step of each skip, from the last dimension back to the block? And where in a (token, "
+                           "head) row does V start?"),
     "preemption-victim": Exercise("(preempted this step, still running)", notebook="scheduler",
                       expected=_preemption_replay,
                       hint="walk the running requests oldest first; each one that needs a block takes the tail's, "

@@ -114,8 +114,9 @@ READING_HEADER = """# Notebook {number}, as a student reads it
 
 This is the **reading copy** of `{name}`, the one the course table links: every explanation, figure and stored
 output is here, and the answers are not. Exercise cells say `TODO`, and the cells that check or reveal a
-prediction show no output. To work it, clone the repository and run `make lab`: the same notebook, runnable,
-in `labs/`. Instructors find the solutions in `notebooks/`.
+prediction show no output. The cells that run after a *Predict* prompt keep theirs, so each prediction's answer
+is printed just below it: to predict before you look, use the lab copy. To work it, clone the repository and
+run `make lab`: the same notebook, runnable, in `labs/`. Instructors find the solutions in `notebooks/`.
 """
 
 

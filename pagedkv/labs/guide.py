@@ -74,6 +74,11 @@ def _count(n: int, one: str) -> str:
     return f"{n} {one}{'' if n == 1 else 's'}"
 
 
+def _and(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def render(facts: dict) -> str:
     """The block's text, markers included."""
     more: dict[int, list[str]] = {}
@@ -85,7 +90,7 @@ def render(facts: dict) -> str:
     lines = [BEGIN, "",
              f"**{_count(len(facts['notebooks']), 'notebook')}, {_count(facts['exercises'], 'graded exercise')}, "
              f"{_count(facts['points'], 'point')}** (the maximum in nbgrader's `grades.csv`): 1 point an exercise"
-             + "".join(f", {p} for {' and '.join(items)}" for p, items in sorted(more.items()))
+             + "".join(f", {p} for {_and(items)}" for p, items in sorted(more.items()))
              + (" (functions to write)" if more and functions else "")
              + ".", "",
              "| notebook | its exercises: the label a student sees, the key `check.exercise` takes, the answer "

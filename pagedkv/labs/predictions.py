@@ -539,6 +539,24 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
         expected=lambda: _tokens_per_lane(64, 1),
     ),
+    "e3-key-offset": Prediction(
+        "your answer (where key element 70 of token 5 sits in one KV head's block: block size 16, head 128, fp16)",
+        "paged_attention_kernel",
+        hint="in the paper's key layout [dim // x, token, x], which index changes fastest? How many elements does "
+             "one step of the token skip, and one step of dim // x? Then which 16-byte vector holds dim 70, and "
+             "where in it?",
+        mistakes=(
+            (5 * 128 + 70, "that is pagedkv's token-major order; the paper's key layout keeps only x dims of a "
+                           "token together."),
+            (70 * 16 + 5, "that is the paper's value layout, one dim of every token in turn; the key keeps x dims "
+                          "of a token side by side."),
+            ((70 // 8) * 8 + 5 * 8 + 70 % 8, "one step of dim // x skips a 16-byte vector of every token in the "
+                                             "block, not of one token."),
+            ((70 // 16) * 16 * 16 + 5 * 16 + 70 % 16, "x counts the elements in 16 bytes; how many fp16 values is "
+                                                      "that?"),
+        ),
+        expected=lambda: _paper_key_offset(token=5, d=70),
+    ),
     "gqa-blocks-and-reads": Prediction(
         "your prediction ((vllm: thread blocks per sequence, bytes of K loaded), (vllm-gqa: the same))",
         "paged_attention_kernel",
@@ -1020,3 +1038,13 @@ def _tokens_per_lane(*block_sizes, num_words: int = 32) -> tuple:
     from .exercises import _kernel_lane_work
 
     return tuple(len(_kernel_lane_work(0, block_size, num_words)[0]) for block_size in block_sizes)
+
+
+def _paper_key_offset(token: int, d: int, block_size: int = 16, head_size: int = 128, element_bytes: int = 2) -> int:
+    """Element offset of key element ``d`` of ``token`` in one KV head's block of the paper's key cache, read off
+    torch's strides: the block viewed as ``[head_size // x, block_size, x]`` (``split_kv_cache``, vLLM 0.6.3)."""
+    import torch
+
+    x = 16 // element_bytes
+    block = torch.arange(block_size * head_size).view(head_size // x, block_size, x)
+    return int(block[d // x, token, d % x])
