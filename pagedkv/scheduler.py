@@ -130,6 +130,7 @@ class SchedulerOutputs:
     num_batched_tokens: int = 0  # prefill tokens not served from the prefix cache, plus decodes
     swapped_out: list = field(default_factory=list)  # the preempted requests that went to the CPU pool
     swap_fallbacks: list = field(default_factory=list)  # swap wanted, CPU pool full: recomputed instead
+    recomputed_tokens: dict = field(default_factory=dict)  # a recomputed victim -> tokens it will compute again
     # A recomputed group's sequences after the first: how many leading tokens of their prefill sit in the shared
     # prompt blocks that the first sequence computes in this same step (the engine starts them there).
     shared_prefix: dict = field(default_factory=dict)
@@ -463,7 +464,8 @@ class Scheduler:
                 manager.free(seq_id)
             victim.status = RequestStatus.WAITING
             self._waiting.appendleft(victim)
-            self.num_recomputed_tokens += self._prefill_tokens(victim) - len(seq_ids)  # all but each last token
+            out.recomputed_tokens[request_id] = self._prefill_tokens(victim) - len(seq_ids)  # all but each last token
+            self.num_recomputed_tokens += out.recomputed_tokens[request_id]
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(request_id)

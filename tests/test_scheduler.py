@@ -129,6 +129,7 @@ def test_recompute_goes_to_the_front_and_prefills_generated_tokens():
         s.update(out, {"old": token, "new": token + 10})
     out = s.schedule()  # both need a third block and none is free: "new" (the newest) is preempted
     assert out.preempted == ["new"] and s.waiting[:2] == ["new", "waits"]
+    assert out.recomputed_tokens == {"new": 4}  # the step that preempts says what the victim will compute again
     s.update(out, {"old": 13})
     while "new" not in [r for r, _ in out.prefills]:
         out = s.schedule()

@@ -133,7 +133,8 @@ COURSE: tuple[Notebook, ...] = (
              "the paper's decode kernel (v1/v2, ops still in 0.11.0, gone from 0.33); today's kernels in "
              "notebook 11"),
     Notebook(9, "scheduler", "serving", "continuous batching, and preemption when the blocks run out",
-             "the whole notebook is v0's; notebook 10 puts today's rules beside it"),
+             "v0's parts (watermark, swap, recompute); the step's rules from 0.6.3's two schedulers and 0.33's, "
+             "in a table, rule by rule; notebook 10 puts today's engine beside it"),
     Notebook(10, "vllm_today", "serving",
              "one request through vLLM today's scheduler and block pool: one token budget, chunks, recompute only",
              "the story is 0.33's; the paper's engine in one section, rule by rule, with the reason for each "

@@ -610,26 +610,29 @@ def _swap_crossover_block_size():
     return next(b for b in (2 ** i for i in range(12)) if 2 * cost.swap_ms(500, b) < cost.recompute_ms(500))
 
 
-def _v0_swap_queue_order():
-    """Notebook 09's swap run (section 5) with vLLM 0.6.3's queue order (``core/scheduler.py``): ``swapped`` in
-    the order requests were swapped out (``self.swapped.extend``), swapped in from its head, each appended to the
-    tail of ``running`` (``_schedule_default``). Who was swapped out, and when, comes from pagedkv's own run."""
+def _v0_swap_back_steps():
+    """Notebook 09's swap run (section 5) under vLLM 0.6.3's ``_schedule_default`` with ``--preemption-mode swap``:
+    the steps at which r2 and r1 run again. The two runs agree up to step 5. From there 0.6.3 swaps in from the
+    head of ``swapped``, kept in the order the requests left (``self.swapped.extend``), and its ``can_swap_in``
+    asks, as pagedkv's ``_schedule_swapped`` does, for the request's blocks and its newest token's slot. So this is
+    pagedkv's own scheduler with its swapped queue put back, after every step, in the order the requests left."""
     from ..manager import BlockSpaceManager
     from ..scheduler import Scheduler
 
     manager = BlockSpaceManager(block_size=2, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
     scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode="swap")
-    arrival = ["r0", "r1", "r2"]
-    for name in arrival:
+    for name in ("r0", "r1", "r2"):
         scheduler.add_request(name, [7, 7], max_tokens=6)
-    swapped_out = []  # in the order they left
-    while len(swapped_out) < 2:
+    left, back, step = [], {}, 0  # left: in the order swapped out; back: request -> the step it runs again
+    while scheduler.has_unfinished_requests():
+        before = set(scheduler.swapped)
         out = scheduler.schedule()
-        swapped_out += out.preempted
+        left += out.swapped_out
+        back.update(dict.fromkeys(before - set(scheduler.swapped), step))
         scheduler.update(out, {r: 1 for r in out.scheduled})
-    v0_running = [r for r in arrival if r not in swapped_out] + swapped_out  # swapped back in, head first
-    pagedkv_running = arrival  # sorted by arrival
-    return swapped_out[0], v0_running[-1], pagedkv_running[-1]
+        scheduler._swapped.sort(key=lambda r: left.index(r.request_id))  # 0.6.3's order: first out, first in
+        step += 1
+    return back["r2"], back["r1"]
 
 
 # --------------------------------------------------- tiny_vllm
@@ -1180,12 +1183,18 @@ EXERCISES: dict[str, Exercise] = {
                       hint="recompute's cost does not depend on the block size; a swap pays the bytes once and a "
                            "fixed overhead per copy, per block, layer, K and V, and it goes out and back in: solve "
                            "for the number of blocks first, then turn blocks into a block size."),
-    "v0-swap-queue-order": Exercise("(v0 swaps in first, v0's next victim, pagedkv's next victim)",
-                      notebook="scheduler", expected=_v0_swap_queue_order,
-                      hint="v0's swapped queue is first out, first in; each request it brings back joins the tail of "
-                           "running, and the victim is whoever is at that tail. pagedkv sorts running by arrival.",
-                      mistakes=((lambda: ("r1", "r2", "r2"), "that is arrival order; v0 keeps its swapped queue in the "
-                                                             "order the requests left, first out, first in."),)),
+    "v0-swap-back-steps": Exercise("(the step r2 runs again, the step r1 runs again)",
+                      notebook="scheduler", expected=_v0_swap_back_steps,
+                      hint="0.6.3's swapped queue: who is at its head after step 5? Count the blocks each needs to "
+                           "come back (its blocks, and one more if its newest token starts a block) against the free "
+                           "ones, step by step: a request that runs grows, and one that finishes gives all back.",
+                      mistakes=((lambda: (7, 6), "that is pagedkv's run, swapped in by arrival; 0.6.3 reads its "
+                                                 "swapped queue in the order the requests left."),
+                                (lambda: (6, 6), "both at once needs 3 + 4 blocks, and step 6 has 6 free."),
+                                (lambda: (6, 7), "count r1's blocks with its newest token's: how many are free "
+                                                 "while r2 runs?"),
+                                (lambda: (6, 8), "r2 left with 3 of its 6 tokens: it runs three steps, taking a "
+                                                 "block in the last one."))),
     "chunked-first-token-step": Exercise("the step in which B samples its first token",
                       notebook="vllm_today", expected=_second_prompt_first_token_step,
                       hint="running requests go first, in the order they were admitted, so A's chunks come before B "

@@ -591,11 +591,13 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- scheduler
     "static-vs-continuous-steps": Prediction(
-        "your prediction (static steps, continuous steps)", "scheduler",
+        "your prediction (static steps, continuous steps, 0.6.3's default steps)", "scheduler",
         hint="static: a batch lasts as long as its longest request. Continuous: follow the three slots, a finished "
-             "request's slot taken by the next waiting one in the following step.",
+             "request's slot taken by the next waiting one in the following step. 0.6.3's default: the same slots, "
+             "but a step that admits someone runs only prompts, so the running requests make no token in it.",
         mistakes=(
-            ((19, 10), "a request that wants 9 tokens takes 9 steps, not 10: its prefill step samples the first."),
+            ((19, 10, 12), "a request that wants 9 tokens takes 9 steps, not 10: its prefill step samples the first."),
+            ((17, 10, 10), "0.6.3's default runs a step of prompts alone: in it the running requests make no token."),
         ),
     ),
     "admitted-in-step-0": Prediction(
@@ -610,7 +612,8 @@ PREDICTIONS: dict[str, Prediction] = {
     "first-preemption-step-and-victim": Prediction(
         "your prediction (step, victim)", "scheduler",
         hint="track each request's tokens step by step: a new block is needed when a token starts one. When does the "
-             "pool have no block for someone's next token? The victim is the tail of running.",
+             "pool have no block for someone's next token? For the victim: first come, first served (section 3) "
+             "holds in eviction too.",
         mistakes=(
             ((3, "r0"), "the victim is not the request that needs the block: it is the tail of running."),
         ),
@@ -626,8 +629,9 @@ PREDICTIONS: dict[str, Prediction] = {
     "preemption-cost-vs-block-size": Prediction(
         "your prediction (recompute, swap, crossover)", "scheduler",
         hint="recompute counts tokens only; a swap issues one copy per block, per layer, for K and for V, so its "
-             "fixed overhead scales with the number of blocks while its bytes do not. Compare the two at a few "
-             "block sizes: 256 tokens is 256 blocks of 1 or 1 block of 256.",
+             "fixed overhead scales with the number of blocks while its bytes do not. Work out the bytes' time once "
+             "(256 tokens of 819,200 B at 25 GB/s), then the copies' at a few block sizes: 256 tokens is 256 blocks "
+             "of 1 or 1 block of 256.",
         mistakes=(
             (("same", "up", 1), "a larger block means fewer blocks for the same tokens: fewer copies."),
             (("same", "down", 16), "a preempted request is swapped out and later back in: count both directions."),

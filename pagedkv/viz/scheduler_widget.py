@@ -29,7 +29,7 @@ from ..state import render_state
 from ..v1 import FullAttentionSpec, KVCacheManager, SlidingWindowSpec, get_kv_cache_groups
 from ..v1 import Scheduler as V1Scheduler
 from ..validate import check_choice, check_int
-from .block_map import draw_block_map, key_below
+from .block_map import draw_block_map, key_below, seq_colors
 from .timeline import Timeline, draw_timeline
 from .widget_output import show_figure
 
@@ -283,9 +283,14 @@ class SchedulerVisualizer:
         not run (on GitHub, say)."""
         fig, (top, bottom) = plt.subplots(2, 1, figsize=FIGURE_SIZE, height_ratios=[3, 2])
         state = self.snapshot()
-        draw_block_map(state, ax=top)
+        colors = seq_colors(state)
+        moment = f"after step {len(self.timeline.steps) - 1} and its update" if self.timeline.steps else "before step 0"
+        draw_block_map(state, ax=top, colors=colors, title=f"block_size {state.block_size}, {moment}: "
+                       f"{state.num_used('gpu')}/{state.num_gpu_blocks} GPU blocks used")
         draw_timeline(self.timeline, ax=bottom)
-        key_below(fig, cached=bool(state.prefix_caching), null=state.null_block is not None)  # under both panels
+        key_below(fig, cached=bool(state.prefix_caching), null=state.null_block is not None,  # under both panels
+                  sequences=colors if 0 < len(colors) <= 8 else None, shared=any(b.ref_count > 1 for b in state.blocks),
+                  cpu=any(d == "cpu" for d in state.seq_devices.values()))
         return fig
 
     def _ipython_display_(self):

@@ -21,6 +21,7 @@ STATES = {
     "preempted": ("X", "#D55E00", "preempted this step"),
     "ignored": ("!", "#000000", "ignored: can never fit"),
     "idle": ("_", "#CC79A7", "finished, its batch slot idle (static batching)"),
+    "held": ("-", "#F0E442", "running, no token: a step of prompts only"),
 }
 
 
