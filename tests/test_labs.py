@@ -127,18 +127,39 @@ def test_a_list_of_block_ids_does_not_say_which_is_wrong(capsys):
 def test_a_set_answer_takes_any_order_and_keeps_its_size_unsaid(capsys):
     """Review 07-s4r1: E2's cached free blocks were checked in free-queue order, which the prompt never asked for, and
     a wrong list was told its length ("part 2 has 2 values, not the number wanted"), half the answer."""
-    for order in ([0, 3], [1]), ([0, 3], (1,)), ([0, 3], {1}):
-        assert check.exercise("visualizer-cached-prefix", order)
+    for answer in ({2}, set()), ([2], []), ((2,), ()):
+        assert check.exercise("visualizer-evicted-names", answer)
     capsys.readouterr()
-    assert not check.exercise("visualizer-cached-prefix", ([0, 3], [0, 1]))
+    assert not check.exercise("visualizer-evicted-names", ({2, 0}, set()))
     out = capsys.readouterr().out
     assert "at least one of its 2 values is not right" in out and "values, not the number" not in out
-    assert not check.exercise("visualizer-cached-prefix", ([0, 3], [1, 2]))  # the slip, in any order, is named
-    assert "partly filled last block" in capsys.readouterr().out
+    assert not check.exercise("visualizer-evicted-names", ([3, 2], []))  # the slip, in any order, is named
+    assert "never had a name" in capsys.readouterr().out
     # a prediction whose part's length is half its answer: that length is not said either
     check.prediction("visualizer-free-returns", (4, [2], 1), (4, [3, 2], 1))
     out = capsys.readouterr().out
     assert "at least one of its 3 values is not right" in out and "values, not the number" not in out
+
+
+def test_an_answer_that_is_a_way_there_is_replayed(capsys):
+    """Review 07-s4r4: E1 asks for actions, not a value; the check replays them and compares where they lead, so any
+    way there is right, and a wrong one is told where it led (its own run), never the answer."""
+    for actions in ([("add_sequence", 17), ("free", "C")], [("append", "A", 18), ("free", "A")],
+                    [("add_sequence", 16), ("add_sequence", 1), ("free", "D")]):
+        assert check.exercise("visualizer-swap-home", actions), capsys.readouterr().out
+    capsys.readouterr()
+    assert not check.exercise("visualizer-swap-home", [("add_sequence", 16), ("free", "C")])
+    out = capsys.readouterr().out
+    assert "[3, 2] is not it yet" in out and "in the other order" in out and "17" not in out
+    for bad, said in (([("swap_out", "A")], "no swaps"), ([("add_sequence", 1)] * 4, "at most three"),
+                      ([("add_sequence", 100)], "changed nothing"), ([("free", "B")], "after your actions")):
+        assert not check.exercise("visualizer-swap-home", bad)
+        out = capsys.readouterr().out
+        assert out.startswith("[not yet]") and said in out and "17" not in out, out
+    assert not check.exercise("visualizer-swap-home", ...)
+    assert "no answer yet" in capsys.readouterr().out
+    check.reveal("visualizer-swap-home")
+    assert "[2, 3], for example after [('add_sequence', 17), ('free', 'C')]" in capsys.readouterr().out
 
 
 def test_a_known_mistake_is_named_without_the_answer(capsys):

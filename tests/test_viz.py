@@ -182,16 +182,20 @@ def test_more_than_ten_sequences_get_distinct_colours():
 
 
 def test_the_beam_message_counts_the_beams_blocks_on_both_sides():
-    """Issue #29: 'blocks in use' counted the whole pool, 'without sharing' only the beams."""
+    """Issue #29: 'blocks in use' counted the whole pool, 'without sharing' only the beams. Review 07-s4r4: the
+    notebook read ``beams.beam.steps[1]``; ``last_step`` is the last click's StepStats."""
     v = BlockTableVisualizer(num_gpu_blocks=24, block_size=4, beam_width=3)
     v.add_sequence(9)  # another sequence's 3 blocks must not count
+    assert v.last_step is None
     assert v.beam_step(6) and v.message.startswith("beam search started: a 6-token prompt in 2 blocks")
-    for _ in range(3):
+    assert v.last_step is v.beam.steps[0]
+    for click in range(3):
         assert v.beam_step(6)
         tables = list(v.beam.block_tables().values())
         held, alone = len({b for t in tables for b in t}), sum(map(len, tables))
         assert f"the {len(tables)} beams hold {held} blocks (without sharing: {alone})" in v.message
         assert held <= alone
+        assert v.last_step is v.beam.steps[click + 1] and f" {v.last_step.cow_copies} copy" in v.message
 
 
 def test_the_beam_step_is_the_engines_beam_search_and_its_sequences_are_the_engines():
@@ -484,3 +488,41 @@ def test_the_slot_map_numbers_each_slot_by_the_formula():
     assert "pos 8" in texts(ax) and "pos 9" not in texts(ax) and "B: logical 2 -> block 4" in texts(ax)
     with pytest.raises(ValueError, match="holds no blocks"):
         slot_mapping(state, "C")
+
+
+def test_a_still_prints_what_only_its_drawing_showed_and_keeps_colours(monkeypatch, capsys):
+    """Review 07-s4r4: the notebook's own ``show`` helper (colour bookkeeping, key options) moved here. A still prints
+    the text map plus each cached free block's hash and the CPU queue, and a sequence keeps its colour after the
+    sequences before it are freed."""
+    import IPython.display
+
+    from pagedkv.viz.block_map import PALETTE
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    v = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=4, enable_prefix_caching=True)
+    v.add_sequence(12)
+    v.add_sequence(9, reuse_prompt=True)
+    v.free("A")
+    v.show("after free A", touched="the block that joined the free queue")
+    out = capsys.readouterr().out
+    name = v.snapshot().blocks[2].block_hash[:8]
+    assert "free GPU queue (next first): 4 5 6 7 8 9 10 11 2*" in out
+    assert f"evicted when handed out)\n    block 2: hash {name}\n" in out
+    assert "11 2*\n  free CPU queue (next first): 0 1 2 3\n" in out
+    assert v._colors["B"] == PALETTE[1]  # B's colour from before A was freed, not the first free one
+    assert len(shown) == 1 and shown[0].format == "png"
+
+
+def test_free_queues_side_by_side():
+    from pagedkv.errors import PagedKVValueError
+    from pagedkv.viz import draw_free_queues, free_queues_text
+
+    rows = {"tail rule": [4, 5, 3, 2], "head rule": [3, 2, 4, 5]}
+    assert free_queues_text(rows, {"head rule": {2}}).splitlines() == ["tail rule  4 5 3 2", "head rule  3 2* 4 5"]
+    ax = draw_free_queues(rows, {"head rule": {2}}, marked={2, 3})
+    assert [t.get_text() for t in ax.texts] == ["4", "5", "3", "2", "3", "2", "4", "5"]
+    assert sum(p.get_linewidth() > 2 for p in ax.patches) == 4  # 2 and 3 outlined in both rows
+    assert len(ax.get_legend().get_texts()) == 3
+    with pytest.raises(PagedKVValueError, match="not among the queues"):
+        draw_free_queues(rows, {"other": {2}})

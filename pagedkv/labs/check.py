@@ -33,7 +33,7 @@ import os
 from enum import Enum
 from numbers import Number
 
-from ..errors import PagedKVKeyError, PagedKVValueError
+from ..errors import PagedKVError, PagedKVKeyError, PagedKVValueError
 from .exercises import EXERCISES, label
 from .predictions import PREDICTIONS
 
@@ -259,9 +259,16 @@ def exercise(key: str, *answers) -> Checked:
     if ex.cases:
         return Checked(function_cases(title, answers[0] if answers else None, ex.reference, ex.cases, ex.hint, key))
     answer = answers[0] if len(answers) == 1 else tuple(answers)
-    mistakes = [(wrong(), why) for wrong, why in ex.mistakes]
-    return Checked(report(title, answer, ex.expected(), ex.hint, ex.tolerance, key, mistakes,
-                          say_which=ex.say_which))
+    expected, mistakes = ex.expected(), [(wrong(), why) for wrong, why in ex.mistakes]
+    blank = _blank(answer) or (isinstance(answer, (list, tuple)) and any(_blank(a) for a in answer))
+    if ex.outcome is not None and not blank:  # the answer is a way there: what it gives is compared
+        try:
+            answer = ex.outcome(answer)
+        except PagedKVError as error:
+            _fail(f"{FAIL} {title}: {str(error).rstrip('.')}. Hint: {ex.hint}", key)
+            return Checked(False)
+        expected, mistakes = ex.outcome(expected), [(ex.outcome(wrong), why) for wrong, why in mistakes]
+    return Checked(report(title, answer, expected, ex.hint, ex.tolerance, key, mistakes, say_which=ex.say_which))
 
 
 def reveal(key: str) -> None:
@@ -270,5 +277,7 @@ def reveal(key: str) -> None:
     if ex.cases:
         solutions = ex.solution if isinstance(ex.solution, tuple) else (ex.solution,)
         print(f"{label(key)} {ex.title}, one way to write it:\n" + "\n".join(map(inspect.getsource, solutions)))
+    elif ex.outcome is not None:
+        print(f"{label(key)} {ex.title}: {ex.outcome(ex.expected())!r}, for example after {ex.expected()!r}")
     else:
         print(f"{label(key)} {ex.title}: {ex.expected()!r}")

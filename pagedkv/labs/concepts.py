@@ -127,8 +127,8 @@ COURSE: tuple[Notebook, ...] = (
              "today's beam search, a loop of one-token requests sharing through the prefix cache; v0's sequence "
              "groups fork and copy on write, measured against the paper's numbers"),
     Notebook(7, "block_table_visualizer", "memory", "every piece of paged memory on one picture, driven by hand",
-             "the widget drives v0's manager: fork, beam step and swap, none in 0.33's engine, each with its "
-             "reason; notebook 10 draws today's pool step by step"),
+             "the widget drives v0's interface: fork, beam step and swap, none in 0.33's engine, each with its "
+             "reason; one free under the queue rules of 0.10.2's V1, 0.6.3 and 0.33"),
     Notebook(8, "paged_attention_kernel", "compute", "attention reads each sequence's K/V through its block table",
              "the paper's decode kernel (v1/v2, ops still in 0.11.0, gone from 0.33); today's kernels in "
              "notebook 11"),

@@ -42,6 +42,10 @@ class Exercise:
     # function exercises of several functions (``solution`` and ``reference`` are tuples of them): how one case is
     # put to them, ``run(functions, *case)``; the check compares what it returns (within ``tolerance``, relative)
     run: Callable | None = None
+    # value exercises whose answer is a way to get somewhere (a list of actions): the check replays the answer,
+    # ``outcome(answer)``, and compares what it gives with what ``expected()``'s answer gives (a bad answer raises a
+    # PagedKVError that says what is wrong); ``mistakes`` are then wrong answers whose outcomes are known slips
+    outcome: Callable[[object], object] | None = None
 
     def __post_init__(self):
         if self.cases and self.reference is None:
@@ -493,40 +497,79 @@ def _chunk_keys_read():
 
 
 # -------------------------------------- block_table_visualizer
-def _tour_append_slot(slip: str = ""):
-    """The tour's first map (A, 7 tokens, forked into B; B appended 2), then B forked into C and one token appended
-    to C: the slot its K/V is written to, the copy-on-write copies, the GPU blocks in use (replayed on the
-    visualizer, as the widget's buttons do). ``slip``: "no-copy" writes into the shared block 3, "fresh" takes a
-    new block without copying."""
+SWAP_HOME_ACTIONS = ("add_sequence", "append", "fork", "free")  # the widget's buttons, less swaps and beam steps
+
+
+def _swap_home_actions():
+    """One answer to E1: a sequence that takes the five blocks ahead of block 2 (4, 5, 6, 7 and 3), then is freed,
+    last block first, so that 3 joins the queue right behind 2."""
+    return [("add_sequence", 17), ("free", "C")]
+
+
+def _b_after_swap_in(actions):
+    """Section 1's swap pool (block size 4, 8 GPU blocks, 4 CPU blocks: A with 7 tokens, B with 6, B swapped out),
+    then ``actions`` on the visualizer, as the widget's buttons run them, then B swapped in: B's GPU block table.
+    An answer that is not a list of at most three such actions, or an action the widget refuses, raises a
+    ``PagedKVValueError`` that says which."""
+    from ..errors import PagedKVValueError
     from ..viz import BlockTableVisualizer
 
-    tour = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=4)
-    tour.add_sequence(7)
-    tour.fork("A")
-    tour.append("B", 2)
-    tour.fork("B")
-    if slip == "no-copy":  # C writes into B's partly filled block 3, offset 1
-        return 3 * 4 + 1, 0, 4
-    if slip == "fresh":  # a new block 4 for the token, offset 0, nothing copied
-        return 4 * 4, 0, 5
-    copies = tour.manager.append_slots("C", [1])
-    return tour.manager.get_slot_mapping("C")[-1], len(copies), tour.snapshot().num_used()
+    shape = ('give e1 as a list of at most three actions, each a tuple (method, arguments...), e.g. '
+             '[("add_sequence", 3), ("fork", "C")]')
+    if not isinstance(actions, (list, tuple)) or len(actions) > 3 or not all(
+            isinstance(a, tuple) and a and isinstance(a[0], str) for a in actions):
+        raise PagedKVValueError(shape)
+    pool = BlockTableVisualizer(block_size=4, num_gpu_blocks=8, num_cpu_blocks=4)
+    pool.add_sequence(7)
+    pool.add_sequence(6)
+    pool.swap_out("B")
+    for i, (method, *args) in enumerate(actions, 1):
+        call = f"{method}({', '.join(map(repr, args))})"
+        if method not in SWAP_HOME_ACTIONS:
+            raise PagedKVValueError(f"action {i}, {call}: use {', '.join(SWAP_HOME_ACTIONS)} (no swaps)")
+        try:
+            done = getattr(pool, method)(*args)
+        except TypeError as error:
+            raise PagedKVValueError(f"action {i}, {call}: {error}") from None
+        if not done:
+            raise PagedKVValueError(f"action {i}, {call}, changed nothing: {pool.message}")
+    if not pool.swap_in("B"):
+        raise PagedKVValueError(f"after your actions, {pool.message}")
+    return pool.snapshot().tables["B"]
 
 
-def _cached_after_free(partial_named: bool = False):
-    """Prefix caching on, block size 4, 12 blocks: A (10 tokens) added, B with A's first 6 tokens added, A freed:
-    B's block table, and the set of free blocks that still hold a cached prefix (their order is not asked: the
-    check takes them in any order and never says how many there are). ``partial_named`` replays a slip: A's partly
-    filled last block named too."""
-    from ..viz import BlockTableVisualizer
+def _names_evicted(rule: str):
+    """Cell 9's pool (prefix caching on, block size 4, 12 GPU blocks): A with 12 tokens, B with A's first 9; A freed,
+    then B; then a request of 36 fresh tokens (9 blocks, no hit). The free blocks whose prefix-cache name its
+    allocation evicts, under this widget's manager (``rule="widget"``: every freed block to the tail) or pagedkv's
+    0.33 ``KVCacheManager`` (``"0.33"``: a freed block with no name to the head, a named one to the tail)."""
+    if rule == "widget":
+        from ..viz import BlockTableVisualizer
 
-    viz = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=4, enable_prefix_caching=True)
-    viz.add_sequence(10)
-    b = viz.add_sequence(6, reuse_prompt=True)
-    viz.free("A")
-    state = viz.snapshot()
-    cached = {i for i in state.free_block_ids() if state.blocks[i].block_hash or (partial_named and i == 2)}
-    return state.tables[b], cached
+        viz = BlockTableVisualizer(block_size=4, num_gpu_blocks=12, num_cpu_blocks=0, enable_prefix_caching=True)
+        viz.add_sequence(12)
+        viz.add_sequence(9, reuse_prompt=True)
+        viz.free("A")
+        viz.free("B")
+        names = {b.block_id: b.block_hash for b in viz.snapshot().blocks if b.block_hash}
+        viz.add_sequence(36)
+        after = {b.block_id: b.block_hash for b in viz.snapshot().blocks}
+        return {b for b, name in names.items() if after[b] != name}
+    from ..v1 import KVCacheManager
+
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=12)  # enable_caching=True, vLLM's default
+    prompt = list(range(100, 112))
+    a, _ = _admit(kv, "A", prompt)
+    b, _ = _admit(kv, "B", prompt[:9])
+    kv.free(a)
+    kv.free(b)
+    names = {block: kv.block_pool.block_hash(block) for block in range(12) if kv.block_pool.block_hash(block)}
+    _admit(kv, "new", list(range(500, 536)))
+    return {block for block, name in names.items() if kv.block_pool.block_hash(block) != name}
+
+
+def _names_evicted_both():
+    return _names_evicted("widget"), _names_evicted("0.33")
 
 
 # -------------------------------- vllm_today (v1's block pool)
@@ -1136,22 +1179,31 @@ EXERCISES: dict[str, Exercise] = {
                       hint="write the saving at the peak as a formula in n: count the blocks one sample holds then "
                            "(is the last sampled token ever written?), and which of them the samples hold once. "
                            "Then solve for 25 %, and let n grow."),
-    "visualizer-append-slot": Exercise("(the slot of C's new token, copy-on-write copies, GPU blocks in use)",
-                      notebook="block_table_visualizer", expected=_tour_append_slot,
-                      mistakes=((lambda: _tour_append_slot("no-copy"), "you wrote into block 3 where it stands; "
-                                 "after the fork, who else holds it, and may a shared block be written?"),
-                                (lambda: _tour_append_slot("fresh"), "a write never skips the free slots of its "
-                                 "last block; what must C's own copy of that block hold before the token lands?")),
-                      hint="C's new token goes right after its last one: which block of C's table holds that "
-                           "place, who else holds that block once C is forked, and how full is it?"),
-    "visualizer-cached-prefix": Exercise("(B's block table, free blocks still holding a cached prefix)",
-                      notebook="block_table_visualizer", expected=_cached_after_free,
-                      mistakes=((lambda: _cached_after_free(partial_named=True), "you named A's partly filled last "
-                                 "block; only a full block gets a prefix-cache name."),
-                                (lambda: ([0, 1], set()), "B's second block would hold only 2 of the 4 tokens in A's "
-                                 "block 1: can a lookup by name find a block that B's tokens do not fill?")),
-                      hint="B hits only A's full blocks that its own 6 tokens fill; freeing A drops one reference "
-                           "from each of A's blocks, and a block goes to the free queue only when none is left."),
+    "visualizer-swap-home": Exercise("(B's GPU block table after your actions and the swap in)",
+                      notebook="block_table_visualizer", expected=_swap_home_actions, outcome=_b_after_swap_in,
+                      mistakes=((lambda: [("add_sequence", 16), ("free", "C")], "B is back on its old blocks, but "
+                                 "in the other order: when B comes back, which of the two waits nearer the queue's "
+                                 "head, and what put it there?"),
+                                (lambda: [], "with nothing done first, the swap in takes the two blocks at the "
+                                 "queue's head: which blocks stand ahead of 2 and 3 there?")),
+                      hint="a swap in takes its GPU blocks from the free queue's head, in order. Write the queue out "
+                           "after the swap out, then ask what must leave the head, and what must come back behind "
+                           "block 2, for 2 and 3 to be the first two. A free gives a table back last block first, "
+                           "each block to the tail."),
+    "visualizer-evicted-names": Exercise("(named free blocks the 36-token request evicts: in this widget, under "
+                      "0.33's rule)", notebook="block_table_visualizer", expected=_names_evicted_both,
+                      mistakes=((lambda: ({2}, {2}), "under 0.33 a freed block without a name does not wait at the "
+                                 "tail: where does B's partly filled block 3 go, and which blocks does the new "
+                                 "request take then?"),
+                                (lambda: (set(), set()), "in this widget every freed block joins the tail, named or "
+                                 "not, in the order the frees give them back: which block is ninth from the head "
+                                 "after both frees?"),
+                                (lambda: ({2, 3}, set()), "block 3 is only partly filled, so it never had a name: "
+                                 "handing it out evicts nothing.")),
+                      hint="write each rule's free queue out after both frees, marking the blocks that hold a name "
+                           "(only full blocks have one, notebook 04), then hand out 9 blocks from its head. A free "
+                           "walks a table last block first; a block joins the queue only when its ref count "
+                           "reaches 0."),
     "lane-work": Exercise("lane_work",
                       notebook="paged_attention_kernel", solution=lane_work, reference=_kernel_lane_work,
                       cases=((13, 8, 32), (21, 2, 32), (31, 8, 16), (30, 4, 8), (7, 32, 32), (3, 64, 32),

@@ -419,9 +419,9 @@ PREDICTIONS: dict[str, Prediction] = {
         mistakes=(
             ((4, [2, 3], 1), "in which order does a free walk B's table, first block first or last block first "
                              "(notebook 03 §5)?"),
-            ((3, [3, 2], 1), "that puts each freed block at the queue's head; where does this widget's v0-shaped "
+            ((3, [3, 2], 1), "that puts each freed block at the queue's head; where does this widget's "
                              "manager put one (notebook 03 §7)?"),
-            ((2, [2, 3], 1), "that puts each freed block at the queue's head; where does this widget's v0-shaped "
+            ((2, [2, 3], 1), "that puts each freed block at the queue's head; where does this widget's "
                              "manager put one (notebook 03 §7)?"),
             ((4, [3, 2, 0], 1), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
             ((4, [3, 2, 0], 0), "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
@@ -450,9 +450,9 @@ PREDICTIONS: dict[str, Prediction] = {
              "swap out: at which end does this widget's manager put a freed block, and in which order does it walk "
              "B's table (notebook 03 §5 and §7)?",
         mistakes=(
-            (([3, 2, 4], [5, 6]), "that is B's blocks freed to the queue's head; where does this widget's v0-shaped "
+            (([3, 2, 4], [5, 6]), "that is B's blocks freed to the queue's head; where does this widget's "
                                   "manager put them (notebook 03 §7)?"),
-            (([2, 3, 4], [5, 6]), "that is B's blocks freed to the queue's head; where does this widget's v0-shaped "
+            (([2, 3, 4], [5, 6]), "that is B's blocks freed to the queue's head; where does this widget's "
                                   "manager put them (notebook 03 §7)?"),
             (([4, 5, 6], [7, 2]), "in which order does the swap out hand B's blocks back to the queue, first block "
                                   "first or last block first?"),
@@ -476,18 +476,6 @@ PREDICTIONS: dict[str, Prediction] = {
                                                      "does 0.33 queue a named block?"),
             (([3, 2, 0, 4, 5, 6, 7, 8, 9, 10, 11], [3, 0, 4, 5, 6, 7, 8, 9, 10, 11, 2]),
              "block 0 is A's too: freeing B drops its ref count by one, and it stays in use."),
-        ),
-    ),
-    "visualizer-v063-swap": Prediction(
-        "your prediction (C's block table, B's after the swap in, in 0.6.3)", "block_table_visualizer",
-        hint="write 0.6.3's queue out after A and B are added, then after the swap out: in which order does it walk "
-             "B's table, and at which end does each freed block go? C and B then take blocks from the head.",
-        mistakes=(
-            (([4, 5, 6], [7, 3]), "that is this widget's rule, freed blocks to the tail; 0.6.3 uses appendleft."),
-            (([2, 3, 4], [5, 6]), "0.6.3 walks B's table first block first, each block to the head: which of B's "
-                                  "blocks ends up first?"),
-            (([3, 2, 4], [2, 3]), "a swap in takes new GPU blocks from the head, whatever ids B had before: which "
-                                  "blocks are at the head once C has its three?"),
         ),
     ),
 

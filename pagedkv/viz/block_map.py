@@ -279,7 +279,8 @@ STRIPES = "stripes, xN: shared by N sequences (ref count)"
 def add_block_map_key(fig, highlight: str | None = None, source: str | None = None, cached: bool = False,
                       ncol: int = 2, null: bool = False, sequences: dict | None = None, unnamed: bool = False,
                       shared: bool = True, filled: str = "slots with tokens", cpu: bool = False, hashes: bool = False,
-                      tables: bool = True, ref_counts: bool = False, unowned: bool = False, freed: str | None = None):
+                      tables: bool = True, ref_counts: bool = False, unowned: bool = False, freed: str | None = None,
+                      stripes: tuple | None = None, swatch: str | None = None):
     """A key under the figure for every mark a block map uses (and the optional outlines given); ``sequences``
     (seq_id -> colour, e.g. ``seq_colors(state)``) adds one entry per sequence. Returns nothing, so a cell that
     ends with it shows no legend object; the key is ``fig.legends[-1]``. ``shared=False`` leaves out the stripes'
@@ -288,7 +289,9 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     explains the text at a cell's bottom (a named block's hash); ``tables=False`` leaves out the sequence and table
     entries, for a map with no sequences; ``ref_counts=True`` explains a used block's ``ref N``; ``unowned=True`` the
     solid grey of a block in use that no table points at (a bare pool's); ``freed`` labels the dashed orange outline
-    of ``draw_block_map(freed=...)``."""
+    of ``draw_block_map(freed=...)``; ``stripes``: the two colours of the stripes' entry (default: the palette's
+    first two), e.g. those of two sequences that share a block in the map; ``swatch``: the colour of the entries for
+    a sequence's block (default: the palette's first), e.g. a sequence's that the map shows."""
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -296,11 +299,11 @@ def add_block_map_key(fig, highlight: str | None = None, source: str | None = No
     def blank(label):
         return Line2D([], [], linestyle="none", label=label)
 
-    handles = [*([Patch(facecolor=PALETTE[0], edgecolor=EDGE, label=f"a sequence's block: dark = {filled}"),
-                  Patch(facecolor=_lighter(PALETTE[0]), edgecolor=EDGE, label="pale = empty slots")] if tables else []),
+    swatch = swatch or PALETTE[0]
+    handles = [*([Patch(facecolor=swatch, edgecolor=EDGE, label=f"a sequence's block: dark = {filled}"),
+                  Patch(facecolor=_lighter(swatch), edgecolor=EDGE, label="pale = empty slots")] if tables else []),
                Patch(facecolor=FREE, edgecolor=EDGE, label="free block"),
-               *([(Patch(facecolor=PALETTE[0], edgecolor=EDGE), Patch(facecolor=PALETTE[1], edgecolor=EDGE))]
-                 if shared else []),
+               *([tuple(Patch(facecolor=c, edgecolor=EDGE) for c in (stripes or PALETTE[:2]))] if shared else []),
                blank("#n: place in the free queue (#0 goes next)"),
                blank("top-left number: physical block id"),
                *([blank("block table entry i: the physical block of logical block i")] if tables else [])]

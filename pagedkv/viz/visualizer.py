@@ -25,7 +25,8 @@ from ..paged_cache import PagedKVCache
 from ..sampling import BeamSearchParams
 from ..state import seq_name
 from ..validate import check_int
-from .block_map import add_block_map_key, draw_block_map, seq_colors
+from .block_map import add_block_map_key, draw_block_map, key_beside, seq_colors
+from .compact_png import compact_png
 from .widget_output import show_figure
 
 SEQUENCE_ACTIONS = ("append", "fork", "free", "swap out", "swap in")
@@ -34,6 +35,7 @@ MAX_POSITIONS = 1024  # the tiny Llama's context
 FIGURE_WIDTH = 9.0  # inches: the map's figure (900 px at matplotlib's 100 dpi), wide enough for its key
 CELL_INCHES = 0.36  # a block map cell's pitch: ~36 px, room for three rows of 8 pt text
 TITLE_INCHES = 0.45  # the map's title above it
+STILL_INCHES = (7.5, 3.6)  # a still (``show``): the map, and its key beside it in the right 40 %
 
 
 def _count(n: int, one: str, many: str) -> str:
@@ -91,6 +93,7 @@ class BlockTableVisualizer:
         self.engine: LLMEngine | None = None  # made at the first beam step, over this manager
         self.beam: GroupDecoding | None = None
         self.beam_output = None  # the last finished beam search's RequestOutput
+        self.last_step = None  # the counts of the engine step the last beam-step click ran (a ``StepStats``)
         self._colors: dict = {}  # seq_id -> colour, kept from drawing to drawing
         self._last_prompt: list = []  # what "same prompt" repeats
         self._extent = None  # the map's axis limits, which only grow while the pool stays the same
@@ -209,7 +212,7 @@ class BlockTableVisualizer:
         def action():
             if self.beam is None or self.beam.finished:
                 return self._start_beam_search(prompt_len)
-            stats = self.beam.step()
+            stats = self.last_step = self.beam.step()
             held, alone = self._beam_blocks()
             if self.beam.finished:
                 self.beam_output = self.engine.pop_finished(self.beam.request_id)
@@ -243,7 +246,7 @@ class BlockTableVisualizer:
                                     enable_prefix_caching=s["enable_prefix_caching"], block_manager=m)
         params = BeamSearchParams(beam_width=self.beam_width, max_tokens=BEAM_TOKENS, ignore_eos=True)
         self.beam = GroupDecoding(self.engine, synthetic_prompt(length, self.rng.randrange(1000)), params, "beam")
-        self.beam.step()
+        self.last_step = self.beam.step()
         if not self.beam.seq_ids:
             self.message = (f"beam search queued: its {length}-token prompt waits for free blocks (free a sequence, "
                             "then click again)")
@@ -360,16 +363,46 @@ class BlockTableVisualizer:
             self.buttons[label].disabled = not state.tables
             self.buttons[label].tooltip = "" if state.tables else "add a sequence first"
         self.log_area.value = "\n".join(reversed(self.log[-50:]))
+        self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
         if not self._displayed:
             return
         fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 6))
-        self._colors = seq_colors(state, self._colors)  # a sequence keeps its colour while it lives
         draw_block_map(state, ax=ax, highlight=self.last_touched, colors=self._colors)
         self._keep_scale(ax)
         add_block_map_key(fig, highlight="red outline: the blocks the last action touched",
                           cached=bool(state.prefix_caching))
         self._fit(fig, ax)
         show_figure(self.output, fig)  # not `with self.output: plt.show()`: see widget_output.py
+
+    def show(self, title: str, touched: str, sources=(), source: str | None = None) -> None:
+        """A still of the map, for a stored notebook: the text map printed, then the drawing as a small PNG with
+        its key beside it. ``touched`` says in the key what the red outline marks (the blocks the last action
+        changed); ``sources``: blocks outlined in purple, which the key calls ``source``. Each sequence keeps the
+        colour it got when it appeared; the text adds what only the drawing showed: each cached free block's hash,
+        and the CPU pool's free queue."""
+        from IPython.display import display
+
+        state = self.snapshot()
+        self._colors = seq_colors(state, self._colors)
+        cached = [b for b in state.device_blocks("gpu") if b.is_free and b.block_hash]
+        lines = []
+        for line in str(state).splitlines():
+            lines.append(line)
+            if line.startswith("  free GPU queue") and state.num_cpu_blocks:
+                cpu_queue = " ".join(map(str, state.free_block_ids("cpu"))) or "(empty)"
+                lines.append(f"  free CPU queue (next first): {cpu_queue}")
+            if line.startswith("  (* = "):
+                lines += [f"    block {b.block_id}: hash {b.block_hash[:8]}" for b in cached]
+        print("\n".join(lines))
+        colors = {seq: self._colors[seq] for seq in state.tables}
+        shared = [[colors[s] for s in b.seq_ids if s in colors] for b in state.blocks if len(b.seq_ids) > 1]
+        fig, ax = plt.subplots(figsize=STILL_INCHES)
+        draw_block_map(state, ax=ax, highlight=self.last_touched, sources=sources, title=title, colors=colors)
+        key_beside(fig, width=0.4, highlight=f"red outline: {touched}", source=source, cached=bool(cached),
+                   cpu=state.num_used("cpu") > 0, sequences=colors, shared=bool(shared),
+                   stripes=tuple(shared[0][:2]) if shared and len(shared[0]) > 1 else None,
+                   swatch=next(iter(colors.values()), None))
+        display(compact_png(fig))  # a PNG of few colours: the stored notebook stays light
 
     def _keep_scale(self, ax) -> None:
         """At least 12 table entries wide, so a growing table does not move the pools; the limits only grow (a
