@@ -2,27 +2,36 @@
 
 Requests wait in a queue, are admitted first come first served while memory
 allows, store their prompt, then decode one token per step until done.  The
-KV budget is a number of token slots.  Four policies share the loop:
+KV budget is a number of token slots.  The policies share the loop:
 
 * ``reserve_max``: at admission, a contiguous chunk for the model's maximum length;
 * ``reserve_pow2``: a contiguous chunk of the next power of two of the request's final length;
+* ``reserve_pow2_output``: the prompt plus the next power of two of the output, the vLLM paper's Orca (Pow2)
+  rule ("over-reserves the space for outputs by at most 2x", §6.1);
 * ``oracle``: a contiguous chunk of exactly prompt + true output length;
 * ``paged``: blocks from pagedkv's own ``BlockSpaceManager``, one more whenever the last is full
   (with vLLM's preemption: the newest request is evicted and recomputed when a block is missing);
 * ``paged_v1``: the same blocks under vLLM today's scheduler (``pagedkv.v1``: one token budget, prompts
   chunked when it runs out, recompute only; prefix caching off, as the paper measured).
 
-The contiguous policies use a first-fit allocator over slot addresses, so
-external fragmentation (free memory in holes too small to use) happens, it is
-not assumed.  This reproduces Fig. 2 of the vLLM paper (Kwon et al., SOSP 2023):
-token states are 20.4% / 26.8% / 38.2% of KV memory for Orca with max / pow2 /
-oracle reservation, and 96.3% for vLLM.
+The contiguous policies place chunks over slot addresses, so external
+fragmentation (free memory in holes too small to use) happens, it is not
+assumed: first fit by default (``FirstFit``), or ``allocator="buddy"``
+(``Buddy``), the binary buddy allocator the vLLM paper (Kwon et al., SOSP 2023)
+assumes its Orca baselines use (§6.1), which rounds every chunk up to a power
+of two.  Against the paper's Fig. 2 (token states 20.4% / 26.8% / 38.2% of KV
+memory for Orca with max / pow2 / oracle reservation, 96.3% for vLLM), the
+ordering and the max bar come out under either allocator; Orca's pow2 and
+oracle bars come within a few points of the paper's (over it) only with the
+paper's own baselines, the buddy allocator and ``reserve_pow2_output``: under
+first fit they waste much less than the paper's (notebook 02, section 3).
 
 Every slot of the budget is, at every step, exactly one of: a stored token
 (**token_states**), reserved for a token the request will still produce
 (**reservation**), reserved or in a block but never to be used
-(**internal_fragmentation**), or free (**external_fragmentation**: while
-requests are waiting, free memory is memory they cannot use).
+(**internal_fragmentation**, a buddy block's rounding included), or free
+(**external_fragmentation**: while requests are waiting, free memory is memory
+they cannot use).
 """
 
 from __future__ import annotations
@@ -40,7 +49,8 @@ from .scheduler import Scheduler
 from .sizing import blocks_needed
 from .validate import check_choice, check_int
 
-POLICIES = ("reserve_max", "reserve_pow2", "oracle", "paged", "paged_v1")
+POLICIES = ("reserve_max", "reserve_pow2", "reserve_pow2_output", "oracle", "paged", "paged_v1")
+ALLOCATORS = ("first_fit", "buddy")  # how the contiguous policies place their chunks
 PARTS = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
 # Mean prompt / output lengths of the paper's datasets, and the log-normal spread we give them.
 WORKLOADS = {"sharegpt": (161.31, 337.99, 0.9), "alpaca": (19.31, 58.45, 0.6)}
@@ -78,6 +88,11 @@ class FirstFit:
     def __init__(self, size: int):
         self.holes = [(0, size)]  # (start, length), sorted by start, never adjacent
 
+    @staticmethod
+    def held(length: int) -> int:
+        """The slots a chunk of ``length`` takes: exactly its length."""
+        return length
+
     def allocate(self, length: int) -> int | None:
         for i, (start, size) in enumerate(self.holes):
             if size >= length:
@@ -95,6 +110,55 @@ class FirstFit:
         if i > 0 and holes[i - 1][0] + holes[i - 1][1] == start:  # and with the previous one
             holes[i - 1] = (holes[i - 1][0], holes[i - 1][1] + holes[i][1])
             del holes[i]
+
+
+class Buddy:
+    """A binary buddy allocator, as the vLLM paper assumes its Orca baselines place KV memory (§6.1).
+
+    A chunk is rounded up to a power of two and placed in the smallest free block that holds it, the lowest
+    address first; a bigger block is halved until it fits, its upper halves left free. A freed block merges with
+    its buddy (the other half of the block it was split from) for as long as that is free. A budget that is not a
+    power of two starts as its binary digits, lowest address the largest: 15,700 = 8,192 + 4,096 + 2,048 + 1,024
+    + 256 + 64 + 16 + 4 (a block never merges past its part: the next part up is always smaller).
+    """
+
+    def __init__(self, size: int):
+        self.free_blocks = {}  # start -> size, of every free block
+        start = 0
+        for bit in reversed(range(size.bit_length())):
+            if size >> bit & 1:
+                self.free_blocks[start] = 1 << bit
+                start += 1 << bit
+
+    @staticmethod
+    def held(length: int) -> int:
+        """The slots a chunk of ``length`` takes: the next power of two."""
+        return 1 << (length - 1).bit_length()
+
+    @property
+    def holes(self) -> list[tuple[int, int]]:
+        """(start, length) of the free blocks, sorted by start, as ``FirstFit.holes``."""
+        return sorted(self.free_blocks.items())
+
+    def allocate(self, length: int) -> int | None:
+        size = self.held(length)
+        fits = [(block, start) for start, block in self.free_blocks.items() if block >= size]
+        if not fits:
+            return None
+        block, start = min(fits)
+        del self.free_blocks[start]
+        while block > size:  # halve it: keep the lower half, free the upper one
+            block //= 2
+            self.free_blocks[start + block] = block
+        return start
+
+    def free(self, start: int, length: int) -> None:
+        size = self.held(length)
+        while self.free_blocks.get(start ^ size) == size:  # its buddy is free: the two halves merge
+            del self.free_blocks[start ^ size]
+            start &= ~size
+            size *= 2
+        self.free_blocks[start] = size
 
 
 @dataclass
@@ -118,6 +182,9 @@ class SimResult:
     # taken together but in no single hole: fragmentation proper. The rest is free memory too small in total
     # (a remainder: 15,700 slots hold 7 chunks of 2,048 and 1,364 slots more). Contiguous policies only; 0 for paged.
     external_in_holes: float = 0.0
+    # Of internal_fragmentation, the share of the budget (time-averaged while saturated) that is a buddy block's
+    # rounding: the slots past the chunk a request asked for. 0 under first fit and for paged.
+    rounding: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,39 +233,41 @@ class _Step:
     time: float  # the step's duration in decode-step times
     finished: int
     held_back_by_holes: bool = False  # the next waiting request fits the free slots in total, but no single hole
+    rounding: int = 0  # of the slots never used, those a buddy block holds past the chunk asked for
     preemptions: int = 0  # running totals so far (paged only)
     recomputed_tokens: int = 0
     swapped_blocks: int = 0
 
 
-def _serve_contiguous(pairs, budget: int, max_len: int, chunk_of, cost: CostModel):
+def _serve_contiguous(pairs, budget: int, max_len: int, chunk_of, cost: CostModel, allocator: str):
     """Orca-style serving: a request holds one contiguous chunk from admission to its end. Yields _Step."""
-    space = FirstFit(budget)
+    space = FirstFit(budget) if allocator == "first_fit" else Buddy(budget)
     waiting = deque(pairs)
-    running = []  # [start, chunk, prompt_len, output_len, generated]
+    running = []  # [start, chunk, held, prompt_len, output_len, generated]
     while waiting or running:
         prefill_tokens, held_back_by_holes = 0, False
         while waiting:  # first come, first served: no overtaking
             prompt_len, output_len = waiting[0]
-            chunk = min(chunk_of(prompt_len + output_len), max_len)
+            chunk = min(chunk_of(prompt_len, output_len), max_len)
             start = space.allocate(chunk)
             if start is None:
-                held_back_by_holes = sum(size for _, size in space.holes) >= chunk
+                held_back_by_holes = sum(size for _, size in space.holes) >= space.held(chunk)
                 break
             waiting.popleft()
-            running.append([start, chunk, prompt_len, output_len, 0])
+            running.append([start, chunk, space.held(chunk), prompt_len, output_len, 0])
             prefill_tokens += prompt_len
         for r in running:
-            r[4] += 1  # every running request produces a token
-        tokens = sum(r[2] + r[4] for r in running)
-        future = sum(r[3] - r[4] for r in running)
-        never = sum(r[1] - r[2] - r[3] for r in running)
-        done = [r for r in running if r[4] == r[3]]
+            r[5] += 1  # every running request produces a token
+        tokens = sum(r[3] + r[5] for r in running)
+        future = sum(r[4] - r[5] for r in running)
+        never = sum(r[2] - r[3] - r[4] for r in running)
+        rounding = sum(r[2] - r[1] for r in running)
+        done = [r for r in running if r[5] == r[4]]
         for r in done:
             space.free(r[0], r[1])
             running.remove(r)
         yield _Step(bool(waiting), len(running) + len(done), (tokens, future, never),
-                    cost.step_time(prefill_tokens), len(done), held_back_by_holes)
+                    cost.step_time(prefill_tokens), len(done), held_back_by_holes, rounding=rounding)
 
 
 def _serve_paged(pairs, budget: int, max_len: int, block_size: int, cost: CostModel, preemption_mode: str,
@@ -275,11 +344,15 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
              budget_tokens: int = PAPER_BUDGET_TOKENS, block_size: int = 16, max_len: int = 2048,
              lengths=None, progress: bool | None = None, record_history: bool = False,
              preemption_mode: str = "recompute", watermark: float = 0.01, cost: CostModel = CostModel(),
-             max_num_batched_tokens: int | None = None) -> SimResult:
+             max_num_batched_tokens: int | None = None, allocator: str = "first_fit") -> SimResult:
     """Serve every request; measure memory while requests are waiting, weighting each step by its duration.
 
-    ``max_num_batched_tokens`` (``paged_v1`` only): v1's token budget; by default one that never chunks."""
+    ``max_num_batched_tokens`` (``paged_v1`` only): v1's token budget; by default one that never chunks.
+    ``allocator`` (contiguous policies only): ``"first_fit"`` or ``"buddy"``, how chunks are placed."""
     check_choice("policy", policy, POLICIES)
+    check_choice("allocator", allocator, ALLOCATORS)
+    if policy in ("paged", "paged_v1") and allocator != "first_fit":
+        raise PagedKVValueError(f"allocator= places contiguous chunks; {policy!r} hands out blocks, so leave it out.")
     for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_len", max_len),
                         ("num_requests", num_requests)):
         check_int(name, value, minimum=1)
@@ -297,13 +370,15 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
     elif policy == "paged_v1":
         steps = _serve_paged_v1(pairs, budget_tokens, max_len, block_size, cost, max_num_batched_tokens)
     else:
-        chunk_of = {"reserve_max": lambda n: max_len, "reserve_pow2": lambda n: 1 << (n - 1).bit_length(),
-                    "oracle": lambda n: n}[policy]
-        steps = _serve_contiguous(pairs, budget_tokens, max_len, chunk_of, cost)
+        chunk_of = {"reserve_max": lambda prompt, output: max_len,
+                    "reserve_pow2": lambda prompt, output: 1 << (prompt + output - 1).bit_length(),
+                    "reserve_pow2_output": lambda prompt, output: prompt + (1 << (output - 1).bit_length()),
+                    "oracle": lambda prompt, output: prompt + output}[policy]
+        steps = _serve_contiguous(pairs, budget_tokens, max_len, chunk_of, cost, allocator)
 
     sums = dict.fromkeys(PARTS, 0.0)
     peak, saturated_time, running_time, finished_while_saturated, total_time = None, 0.0, 0.0, 0, 0.0
-    external_in_holes, saturated_until = 0.0, 0.0
+    external_in_holes, saturated_until, rounding = 0.0, 0.0, 0.0
     history, num_steps, step = [], 0, None
     bar = tqdm(total=len(pairs), desc=f"{policy} on {workload}", delay=1.0, disable=progress is False, leave=False)
     for step in steps:
@@ -320,6 +395,7 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
             saturated_until = total_time + step.time
             if step.held_back_by_holes:
                 external_in_holes += fractions[3] * step.time
+            rounding += step.rounding / budget_tokens * step.time
         if record_history:
             history.append((num_steps, step.running, fractions[0], total_time))
         total_time += step.time
@@ -334,7 +410,8 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
                      {part: sums[part] / saturated_time for part in PARTS}, peak, running_time / saturated_time,
                      1000 * finished_while_saturated / saturated_time, num_steps, step.preemptions,
                      step.recomputed_tokens, step.swapped_blocks, total_time, history, saturated_time,
-                     saturated_until, external_in_holes / external if external > 0 else 0.0)
+                     saturated_until, external_in_holes / external if external > 0 else 0.0,
+                     rounding / saturated_time)
 
 
 def _pairs(lengths) -> list[tuple[int, int]]:
@@ -356,7 +433,8 @@ def memory_breakdown(policy: str, workload: str = "sharegpt", seed: int = 0, **k
 
 def max_concurrent_requests(policy: str, budget_tokens: int = PAPER_BUDGET_TOKENS, request_len: int = 500,
                             block_size: int = 16, max_len: int = 2048) -> int:
-    """How many requests of ``request_len`` final tokens fit at once in the budget under ``policy``."""
+    """How many requests of ``request_len`` final tokens fit at once in the budget under ``policy`` (not
+    ``reserve_pow2_output``, whose chunk depends on the prompt's share of the length), placed first fit."""
     for name, value in (("budget_tokens", budget_tokens), ("request_len", request_len), ("block_size", block_size),
                         ("max_len", max_len)):
         check_int(name, value, minimum=1)
@@ -365,4 +443,4 @@ def max_concurrent_requests(policy: str, budget_tokens: int = PAPER_BUDGET_TOKEN
     per_request = {"reserve_max": max_len, "reserve_pow2": 1 << (request_len - 1).bit_length(),
                    "oracle": request_len, "paged": blocks_needed(request_len, block_size) * block_size,
                    "paged_v1": blocks_needed(request_len, block_size) * block_size}
-    return budget_tokens // per_request[check_choice("policy", policy, POLICIES)]
+    return budget_tokens // per_request[check_choice("policy", policy, tuple(per_request))]

@@ -1,6 +1,6 @@
 import pytest
 
-from pagedkv.sim import PARTS, FirstFit, max_concurrent_requests, memory_breakdown, simulate, synthetic_lengths
+from pagedkv.sim import PARTS, Buddy, FirstFit, max_concurrent_requests, memory_breakdown, simulate, synthetic_lengths
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +83,49 @@ def test_first_fit_merges_holes():
     assert space.holes == [(0, 100)]
 
 
+def test_buddy_rounds_up_splits_and_merges():
+    space = Buddy(100)  # not a power of two: parts of 64, 32 and 4
+    assert space.holes == [(0, 64), (64, 32), (96, 4)]
+    assert Buddy.held(20) == 32 and Buddy.held(32) == 32 and FirstFit.held(20) == 20
+    a = space.allocate(20)  # 32 slots: the smallest free block that holds them
+    b = space.allocate(20)  # the 64 halved: its lower half taken, the upper one free
+    assert (a, b) == (64, 0) and space.holes == [(32, 32), (96, 4)]
+    assert space.allocate(40) is None  # 36 slots free, but no free block of 64
+    space.free(b, 20)
+    assert space.holes == [(0, 64), (96, 4)]  # b merged with its buddy, the upper half
+    space.free(a, 20)
+    assert space.holes == [(0, 64), (64, 32), (96, 4)]  # parts never merge
+
+
+def test_the_papers_orca_baselines():
+    """The paper's Orca: its Pow2 rule (prompt + the output rounded up) and a buddy allocator (§6.1), whose rounding
+    is internal fragmentation, counted apart in ``rounding``."""
+    lengths = [(10, 250)] * 40
+    first_fit = simulate("reserve_pow2_output", lengths=lengths, budget_tokens=2048, max_len=512, progress=False)
+    buddy = simulate("reserve_pow2_output", lengths=lengths, budget_tokens=2048, max_len=512, progress=False,
+                     allocator="buddy")
+    share = first_fit.mean_running / 2048  # of the budget, per slot every running request holds
+    assert first_fit.breakdown["internal_fragmentation"] == pytest.approx(6 * share)  # 10 + 256 slots for 260
+    assert first_fit.rounding == 0 and first_fit.mean_running == 2048 // 266  # 7 at once
+    assert buddy.mean_running == 4  # 266 slots take a block of 512: four fit in 2,048
+    assert buddy.rounding == pytest.approx((512 - 266) * 4 / 2048)
+    assert buddy.breakdown["internal_fragmentation"] == pytest.approx((512 - 260) * 4 / 2048)
+    # under a buddy allocator the oracle's chunks are reserve_pow2's: all of its internal part is rounding
+    oracle, pow2 = (simulate(p, "sharegpt", num_requests=200, allocator="buddy", progress=False)
+                    for p in ("oracle", "reserve_pow2"))
+    assert oracle.breakdown == pow2.breakdown and pow2.rounding == 0
+    assert oracle.rounding > 0.1 and oracle.rounding == pytest.approx(oracle.breakdown["internal_fragmentation"])
+    with pytest.raises(ValueError, match="allocator"):
+        simulate("paged", "sharegpt", num_requests=10, allocator="buddy")
+    with pytest.raises(ValueError, match="allocator"):
+        simulate("oracle", "sharegpt", num_requests=10, allocator="best_fit")
+
+
 def test_max_concurrent_requests():
     assert max_concurrent_requests("reserve_max") == 15_700 // 2048
     assert max_concurrent_requests("paged", request_len=500) == 15_700 // 512
+    with pytest.raises(ValueError, match="policy"):
+        max_concurrent_requests("reserve_pow2_output")  # its chunk needs the prompt's length apart
 
 
 def test_the_v1_policy_serves_everything_by_recompute_with_paged_memory():

@@ -115,7 +115,7 @@ COURSE: tuple[Notebook, ...] = (
     Notebook(1, "block_size_arithmetic", "memory", "how big one token's K/V is, and how many blocks a GPU holds",
              "v0's `get_cache_block_size` and today's `page_size_bytes`; both engines' memory profiling"),
     Notebook(2, "memory_waste", "memory", "why pages: reserving contiguous memory per request wastes most of it",
-             "the paper's Fig. 2, reproduced; the policies are the paper's baselines"),
+             "the paper's Fig. 2: its ordering reproduced, most of its gap closed by the paper's own baselines"),
     Notebook(3, "free_list_allocation", "memory",
              "a free queue and ref counts hand out blocks; a block table maps a request's tokens to slots",
              "today's `BlockPool` and `allocate_slots` beside v0's watermark and OK / LATER / NEVER"),

@@ -385,13 +385,10 @@ def _states_outnumber_reserved(prompt_counts: bool = True, count_internal: bool 
     return None
 
 
-def ledger(prompt, output, generated, chunk=None, block_size=16):
-    """(token states, reserved, internal) of one request's slots, as ``pagedkv.sim`` files them
-    (``_serve_contiguous`` and ``_serve_paged``): a contiguous request owns ``chunk`` slots from admission to its
-    end; a paged one (``chunk=None``) holds whole blocks for the tokens it has."""
+def ledger(prompt, output, generated, block_size=16):
+    """(token states, reserved, internal) of one paged request's slots, as ``pagedkv.sim._serve_paged`` files
+    them: the request holds whole blocks for the tokens it has."""
     tokens = prompt + generated
-    if chunk is not None:
-        return tokens, output - generated, chunk - prompt - output
     held = -(-tokens // block_size) * block_size  # the slots of the blocks it holds
     filled = min(held, prompt + output)  # those a token of this request will land in one day
     return tokens, filled - tokens, held - filled
@@ -1062,12 +1059,10 @@ EXERCISES: dict[str, Exercise] = {
                       hint="which chunk does a 600-token request get, and a 1,000-token one? What part of each is "
                            "never used?"),
     "three-ledgers": Exercise("ledger", notebook="memory_waste", solution=ledger,
-                      cases=((100, 300, 50, 512), (100, 300, 50), (40, 100, 25, 2048), (40, 100, 25, 140),
-                             (40, 100, 25), (100, 290, 288), (100, 290, 288, None, 32), (19, 58, 0),
-                             (19, 58, 0, None, 256)),
-                      hint="a chunk is held whole from admission to the end; a paged request holds whole blocks "
-                           "for the tokens it has. An empty slot is reserved if a later token of this request "
-                           "will land in it, internal if none will."),
+                      cases=((100, 300, 50), (40, 100, 25), (32, 10, 0), (100, 290, 288), (100, 290, 290),
+                             (100, 290, 288, 32), (19, 58, 0), (19, 58, 0, 256), (10, 6, 6)),
+                      hint="a paged request holds whole blocks for the tokens it has, no more. An empty slot in them "
+                           "is reserved if a later token of this request will land in it, internal if none will."),
     "next-block-after-frees": Exercise("the blocks get_new_blocks(3) returns",
                       notebook="free_list_allocation", expected=_next_block_after_frees,
                       mistakes=((lambda: _next_block_after_frees(ignore_ref_counts=True), "block 1 had two users "

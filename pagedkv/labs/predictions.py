@@ -98,20 +98,28 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
 
     # ----------------------------------- memory_waste
-    "fig2-order-and-shares": Prediction(
-        "your prediction (the four policies from most to least token states; the oracle's and paging's shares)",
-        "memory_waste", tolerance=0.1,
-        hint="for each policy, ask what a request holds beyond its tokens so far: a whole chunk sized in advance, or "
-             "only the blocks its tokens fill? Then what lies between requests: holes a waiting chunk may not fit, "
-             "or blocks any request can take?",
+    "fig2-oracle-share": Prediction(
+        "your prediction (% of the memory in token states under the oracle)", "memory_waste", tolerance=0.1,
+        hint="start from how full the oracle's chunks are over their lives (section 2), then take away the memory "
+             "no chunk holds while requests wait: how much can sit in holes between chunks of every size?",
         mistakes=(
-            ((["paged", "oracle", "reserve_pow2", "reserve_max"], 50, 50),
-             "the order is right, but paging is not an oracle in small pieces: the oracle still holds a whole chunk "
-             "for tokens not yet produced and leaves holes between chunks; a paged request holds only the blocks its "
-             "tokens fill so far, and any free block fits the next request."),
-            ((["paged", "oracle", "reserve_pow2", "reserve_max"], 60, 97),
-             "60% is how full the oracle's chunks are (section 2); while requests wait, the free slots between "
-             "chunks are part of the memory too."),
+            (60, "60% is how full the oracle's chunks are (section 2); while requests wait, the free slots between "
+                 "chunks are part of the memory too."),
+            (100, "the oracle wastes no slot past a request's last token, but a chunk holds its future tokens' slots "
+                  "from admission on, and the holes between chunks hold nothing."),
+        ),
+    ),
+    "fig2-paged-waste": Prediction(
+        "your prediction (% of the memory paging does not keep in token states)", "memory_waste", tolerance=0.35,
+        hint="a paged request's only empty slots are in its last block: about how many, beside the few hundred "
+             "tokens a running request holds? Then: which blocks sit free while requests wait, by section 2's box "
+             "(how the head of the queue is admitted, and the watermark)?",
+        mistakes=(
+            (0, "paging leaves no holes, but a request's last block is partly empty, and some blocks stay free while "
+                "requests wait."),
+            (100 * 8 / 490, "that is the last blocks' empty halves; blocks also sit free while requests wait: the "
+                            "head of the queue waits for all its prompt's blocks, and the watermark keeps some back "
+                            "(section 2's box)."),
         ),
     ),
     "alpaca-reserve-max-share": Prediction(

@@ -67,7 +67,7 @@ def prefix_caching_figure():
 
 
 def memory_waste_figure(num_requests: int = 600):
-    """The vLLM paper's Fig. 2 reproduced: where KV memory goes under four policies."""
+    """Where KV memory goes under four policies, beside the token states of the vLLM paper's Fig. 2."""
     paper = {"reserve_max": 0.204, "reserve_pow2": 0.268, "oracle": 0.382, "paged": 0.963}
     names = ["reserve the\nmaximum (2,048)", "reserve the next\npower of two", "reserve exactly\n(an oracle)",
              "paged\n(16-token blocks)"]
