@@ -43,7 +43,7 @@ WRONG = {
     "03": ("next_blocks = [3, 0, 2]", "next_blocks = [0, 3, 2]"),  # one call's list put back block by block
     "04": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
     "05": ("e3 = ([8, 4, 4], 7, 0, 5)", "e3 = ([8, 0, 0], 5, 0, 5)"),  # let the later children hit the whole prompt
-    "06": ("e2 = (1, 1, 4)", "e2 = (1, 2, 5)"),  # the second writer copies the block it alone holds now
+    "06": ("e1 = (8, 2, 46)", "e1 = (8, 2, 24)"),  # one token a beam a step, as if the loop forked
     "07": ('e1 = [("add_sequence", 17)', 'e1 = [("add_sequence", 16)'),  # C misses block 3: B comes back [3, 2]
     "08": ("groups_per_warp = 32 // group_size", "groups_per_warp = group_size"),
     "09": ("e1_num_preempted = 3", "e1_num_preempted = 2"),  # let the tail skip the step instead of preempting itself

@@ -238,6 +238,22 @@ def _fan_out_whole_blocks(first_tokens: bool = True):
 
 
 # ----------------------------------------- beam_search_sharing
+def _beam_loop_tokens():
+    """Today's beam search (vLLM 0.33's ``LLM.beam_search``: pagedkv's ``v1.beam_search``, which ``generate`` runs
+    on the v1 engine) at width 2 on a 10-token prompt, block size 4, on the tiny Llama with a pool from which no
+    named block is evicted: the tokens the model computes at step 3, at step 4, and over steps 1 to 8. A search of
+    ``s`` steps runs on a fresh engine for each ``s``: its count less the one after ``s - 1`` steps is step ``s``'s."""
+    from ..decoding import synthetic_prompt, tiny_engine
+    from ..sampling import BeamSearchParams
+
+    computed = [0]
+    for steps in range(1, 9):
+        engine = tiny_engine(64, block_size=4, version="v1")
+        engine.generate([synthetic_prompt(10)], BeamSearchParams(beam_width=2, max_tokens=steps))
+        computed.append(engine.stats.num_computed_tokens)
+    return computed[3] - computed[2], computed[4] - computed[3], computed[8]
+
+
 def _partial_block_prompt():
     """n = 3 samples of 6 tokens from a 9-token prompt (two full blocks and one token), block size 4, on the tiny
     Llama: the copy-on-write copies over the request, and its peak blocks (the engine's own ``peak_gpu_blocks``)."""
@@ -271,25 +287,6 @@ def _parallel_savings_sharegpt_like(limit: bool = True):
     while replayed_parallel_savings(n, 160, 336) < 0.25:
         n += 1
     return n, (160 // 16) / blocks_needed(160 + 335, 16)
-
-
-def _pruned_beam():
-    """Beams X = [0, 1, 2] and Y = [0, 1, 3], each with 2 tokens of its own in its last block; both survivors
-    descend from X: Y is freed and X forked into X2 (the other order gives the same answer), then X and X2 append
-    one token each."""
-    from ..manager import BlockSpaceManager
-
-    manager = BlockSpaceManager(4, 16, watermark=0.0)
-    manager.allocate("X", range(8))
-    manager.fork("X", "Y")
-    manager.append_slots("X", [10, 11])
-    manager.append_slots("Y", [20, 21])
-    free_before = manager.num_free_gpu_blocks
-    manager.free("Y")
-    freed = manager.num_free_gpu_blocks - free_before
-    manager.fork("X", "X2")
-    copies = manager.append_slots("X", [12]) + manager.append_slots("X2", [13])
-    return freed, len(copies), 16 - manager.num_free_gpu_blocks
 
 
 # ---------------------------------------------- prefix_caching
@@ -1149,6 +1146,18 @@ EXERCISES: dict[str, Exercise] = {
                       hint="0.33: a hit stops at num_tokens - 1 tokens, in whole blocks (notebook 04), and what is "
                            "not hit is computed into blocks of the child's own. v0: which block does each sample's "
                            "first token land in (section 4)? Then count every block someone holds, in each engine."),
+    "beam-loop-tokens": Exercise("(tokens computed at step 3, at step 4, over steps 1 to 8)",
+                      notebook="beam_search_sharing", expected=_beam_loop_tokens,
+                      mistakes=((lambda: (2, 2, 24), "that is what a search by forking computes, one token a beam; a "
+                                 "new request finds only full blocks that have a name: where does a beam's last "
+                                 "named block end?"),
+                                (lambda: (4, 1, 23), "count over the step's two requests, not one beam's."),
+                                (lambda: (0, 2, 30), "a beam's newest token was only sampled, never computed: can a "
+                                 "block that holds it have a name yet?"),
+                                (lambda: (8, 2, 36), "the count over steps 1 to 8 includes step 1's prompt.")),
+                      hint="per request: its tokens less its hit, and a hit is whole blocks that have a name (notebook "
+                           "04). A block is named once a request has filled it: which of a beam's blocks did its "
+                           "parent's request fill a step earlier?"),
     "partial-block-prompt": Exercise("(copy-on-write copies over the request, peak blocks in use)",
                       notebook="beam_search_sharing", expected=_partial_block_prompt,
                       mistakes=((lambda: _partial_block_prompt_slip(every_writer_copies=True), "the last sample to "
@@ -1159,16 +1168,6 @@ EXERCISES: dict[str, Exercise] = {
                            "writer's reference moves to the copy (notebook 05). For the peak, the last step "
                            "allocates a slot for every sample's previous token; the token it samples last is never "
                            "written."),
-    "pruned-beam": Exercise("(blocks freed by dropping Y, copy-on-write copies, blocks in use after the step)",
-                      notebook="beam_search_sharing", expected=_pruned_beam,
-                      mistakes=((lambda: (1, 2, 5), "the second of X and X2 to write finds the block's ref count "
-                                 "back at 1: does it still need a copy?"),
-                                (lambda: (1, 2, 4), "the second of X and X2 to write finds the block's ref count "
-                                 "back at 1: does it still need a copy?"),
-                                (lambda: (1, 0, 3), "after the fork X and X2 both hold X's last block, and it has "
-                                 "free slots: may either write into it as it stands (notebook 05)?")),
-                      hint="freeing a beam returns only the blocks whose ref count falls to 0. After the fork, who "
-                           "holds X's last block, and how full is it? Then walk the two appends one at a time."),
     "parallel-sampling-savings": Exercise("(smallest n saving 25 %, the saving's limit as n grows)",
                       notebook="beam_search_sharing", expected=_parallel_savings_sharegpt_like, tolerance=0.005,
                       hint="write the saving at the peak as a formula in n: count the blocks one sample holds then "

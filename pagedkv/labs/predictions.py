@@ -369,15 +369,16 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
-    "parallel-first-write": Prediction(
-        "your prediction (blocks after the prefill, copies, blocks with sharing, without)", "beam_search_sharing",
-        hint="a fork adds references, not blocks. At the first write, a shared block with free slots is copied for "
-             "a writer only while someone else still holds it (notebook 05); without sharing, each sample holds "
-             "the whole prompt's blocks itself.",
+    "parallel-step-7-blocks": Prediction(
+        "your prediction (blocks with sharing at step 7, without)", "beam_search_sharing",
+        hint="at step 7 each sample holds slots for the prompt and six tokens of its own: how many blocks is that? "
+             "Then: after the first write, which of the prompt's blocks do the four samples still hold together, "
+             "and does any block filled later have a second holder?",
         mistakes=(
-            ((2, 4, 6, 8), "the fourth sample to write finds the block's ref count back at 1: it writes in place."),
-            ((8, 3, 5, 8), "after the fork the samples' tables point at the same physical blocks: count blocks, "
-                           "not table entries."),
+            ((10, 16), "at step 2 three samples copied block 1 (the map above): after that, which of the prompt's "
+                       "blocks do they still share?"),
+            ((9, 12), "at step 7 each sample also holds a slot for its sixth token: step 1 sampled its first."),
+            ((12, 16), "the block the samples share is in use too: count it once."),
         ),
     ),
     "beam-step-2-drops": Prediction(
