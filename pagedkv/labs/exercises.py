@@ -96,9 +96,10 @@ def _requests_at_block_sizes(per_request=None, null_block: bool = True, utilizat
 def _jamba_fp8_block_size(attention_dtype: str = "fp8", mamba_dtype: str = "bfloat16", alignment: int = 16):
     """Jamba-v0.1 with ``--kv-cache-dtype fp8`` in vLLM 0.33 (``_align_hybrid_block_size`` in
     ``vllm/platforms/interface.py``): the attention layers' K/V in fp8 (8 KV heads of 128, 1 byte a value), the Mamba
-    states in the model's bf16 (``--mamba-cache-dtype auto``; ``mamba1_state_shape``: a conv state of 8,192 x 3 and an
-    SSM state of 8,192 x 16). block_size is the smallest multiple of 16 whose attention page holds the Mamba state;
-    the Mamba page is padded to that page. Returns (block_size, padding bytes). The arguments replay slips."""
+    states in the model's bf16 (``--mamba-cache-dtype auto``; ``mamba1_state_shape``: a conv state of 8,192 x 3, which
+    0.33 stores transposed by default, the same bytes, and an SSM state of 8,192 x 16). block_size is the smallest
+    multiple of 16 whose attention page holds the Mamba state; the Mamba page is padded to that page. Returns
+    (block_size, padding bytes). The arguments replay slips."""
     from ..v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     mamba = MambaSpec(shapes=((8192, 3), (8192, 16)), dtypes=(mamba_dtype, mamba_dtype)).page_size_bytes

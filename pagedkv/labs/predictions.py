@@ -45,13 +45,16 @@ def _beam_ceiling(beam) -> float:
 PREDICTIONS: dict[str, Prediction] = {
     # ----------------------------------- block_size_arithmetic
     "mqa-times-smaller": Prediction(
-        "your prediction (times smaller per token)", "block_size_arithmetic",
+        "your prediction (times smaller per token)", "block_size_arithmetic", tolerance=0.02,
         hint="only KV heads are cached: how many does each model keep per layer, and how wide is each?",
         mistakes=(
-            (32 * 128 / (71 * 64),
-             "you counted Falcon-7B's 71 query heads; multi-query attention caches one KV head per layer."),
+            (32 * 128 / (71 * 64), "you counted Falcon-7B's 71 query heads; whose K and V does the cache hold, and "
+                                   "how many such heads does multi-query attention have per layer?"),
+            (71 * 64 / (32 * 128), "you counted Falcon-7B's 71 query heads; whose K and V does the cache hold, and "
+                                   "how many such heads does multi-query attention have per layer?"),
             (32,
              "you compared the number of KV heads only; Falcon-7B's heads are also narrower (64 against 128)."),
+            (2, "you compared the heads' widths only; how many KV heads does each model keep per layer?"),
         ),
     ),
     "v033-extra-tokens-falcon": Prediction(

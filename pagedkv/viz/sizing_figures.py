@@ -8,6 +8,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 
 from ..sizing import GiB
+from .compact_png import compact_png
 
 BUDGET_COLORS = {"weights": "#999999", "activations": "#E69F00", "CUDA graphs": "#CC79A7", "KV cache": "#009E73",
                  "left free": "#FFFFFF"}
@@ -41,7 +42,8 @@ def draw_block_grid(num_layers: int, num_kv_heads: int, block_size: int, slot: i
 def draw_memory_budget(rows: dict, what_if: dict, assumed: float, total: float = 80 * GiB):
     """Above, ``rows`` ({model: {engine: budget}}, each budget's parts in bytes as ``BUDGET_COLORS`` names them and
     its ``tokens``) as stacked bars, an engine a bar; below, ``what_if`` ({CUDA-graph estimate in GiB: 0.33's KV
-    cache less v0.6.3's, in GiB}) as a line, the ``assumed`` estimate marked."""
+    cache less v0.6.3's, in GiB}) as a line, the ``assumed`` estimate marked. Returned as a small PNG
+    (``compact_png``): the stored notebook stays light."""
     fig, (bars, line) = plt.subplots(2, 1, figsize=(8.4, 7), dpi=110, height_ratios=(2.6, 1))
     for y, engines in enumerate(rows.values()):
         for dy, (engine, row) in zip((-0.21, 0.21), engines.items()):
@@ -72,4 +74,4 @@ def draw_memory_budget(rows: dict, what_if: dict, assumed: float, total: float =
     line.set_ylabel("0.33 less v0.6.3\n(GiB of KV cache)", fontsize=9)
     line.set_title("The same comparison for other CUDA-graph estimates: above 0, 0.33 holds more", fontsize=10)
     fig.tight_layout()
-    return fig
+    return compact_png(fig)
