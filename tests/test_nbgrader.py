@@ -50,7 +50,7 @@ WRONG = {
     "10": ("e1_step = 9", "e1_step = 8"),  # forgot that A's last chunk comes before B's turn
     "11": ("e2 = ([0, 1, 2, 3, 7], 24 + 114)", "e2 = ([1, 1, 1, 4], 24 + 114)"),  # rows per sequence, not their sum
     "12": ("e2_peak_blocks = 6", "e2_peak_blocks = 7"),  # the last sampled token's K/V is never written
-    "13": ("e1 = (248, 65)", "e1 = (249, 64)"),  # nulled the block that holds the window's first position
+    "13": ("e1 = ((1, 2, 3), 16)", "e1 = ((1, 2), 12)"),  # kept only the default's names (interval 0)
     "14": ("e1 = (3, 29, 1)", "e1 = (2, 29, 1)"),  # gave the drafts' block back at the rollback
     "15": ("e1 = (8, 12, 1)", "e1 = (8, 8, 4)"),  # capped the CPU tier's hit at num_tokens - 1
     "16": ("e1 = (33, 32)", "e1 = (32, 32)"),  # forgot the step scheduled before the EOS came back

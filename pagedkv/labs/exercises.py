@@ -755,23 +755,37 @@ def _fan_out_on_a_capped_hit():
 
 
 # --------------------------------------------- hybrid_kv_cache
-def _sliding_group_at_5000():
-    """A 1,024-token window, block 16: a request with 5,000 computed tokens gets a slot for its next token.
-    (null entries, real blocks) in its sliding group's table."""
-    from ..v1 import KVCacheManager
-    from ..v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+@cache
+def _retention_interval_names(interval: int | None = 16):
+    """Notebook 13's section-3 request on the tiny hybrid (window 8 on layers 0 and 2, block 4, 24 blocks), with
+    ``prefix_cache_retention_interval=interval``: A ("The list of it", 14 tokens) generates 12 and finishes; then B,
+    A's first 20 tokens (its prompt and first 6 outputs) and 5 of its own. Returns (the logical blocks of A's
+    sliding table that got a name, B's prompt tokens from the prefix cache). ``interval`` replays slips: 0 (the
+    default's names) or None (dense)."""
+    from ..engine import LLMEngine
+    from ..model import LlamaForCausalLM
     from ..v1.scheduler import Request
 
-    specs = [SlidingWindowSpec(16, 8, 128, sliding_window=1024), FullAttentionSpec(16, 8, 128)]
-    kv = KVCacheManager(16, 1024, False, get_kv_cache_groups(specs))
-    request = Request("r", list(range(5000)), max_tokens=2)
-    kv.allocate_slots(request, 5000)
-    request.num_computed_tokens = 5000
-    request.output_token_ids.append(7)
-    kv.allocate_slots(request, 1)
-    sliding = kv.get_block_ids("r")[0]
-    nulls = sliding.count(kv.null_block)
-    return nulls, len(sliding) - nulls
+    model, tokenizer = _tiny()
+    config = dataclasses.replace(model.config, sliding_window=8,
+                                 layer_types=["sliding_attention", "full_attention"] * 2)
+    hybrid = LlamaForCausalLM(config)
+    hybrid.load_state_dict(model.state_dict())
+    engine = LLMEngine(hybrid, version="v1", num_gpu_blocks=24, block_size=4,
+                       prefix_cache_retention_interval=interval)
+    kv = engine.kv_cache_manager
+    engine.add_request("A", tokenizer.encode("The list of it"), 12)
+    named: set = set()
+    while engine.has_unfinished_requests():
+        engine.step()
+        if "A" in engine.scheduler.requests:
+            sliding = kv.get_block_ids("A")[0]
+            named |= {i for i, b in enumerate(sliding) if b != kv.null_block and kv.block_pool.block_hash(b)}
+            tokens = engine.scheduler.requests["A"].all_token_ids
+    own = tokenizer.encode(" sets")  # 5 tokens, the first not A's 21st: B's block 5 is its own
+    assert len(own) == 5 and own[0] != tokens[20], "the exercise's text says B goes its own way after 20 tokens"
+    request = Request("B", tokens[:20] + own, max_tokens=1)
+    return tuple(sorted(named)), kv.get_computed_blocks(request)[1]
 
 
 def _agreed_hit_with_a_gap():
@@ -1291,12 +1305,27 @@ EXERCISES: dict[str, Exercise] = {
                            "still have their names in step 14?"),
     "peak-blocks-alone": Exercise("peak blocks", notebook="tiny_vllm", expected=_peak_blocks_alone,
                       hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
-    "sliding-group-nulls": Exercise("(null entries, real blocks) of the sliding group",
-                      notebook="hybrid_kv_cache", expected=_sliding_group_at_5000,
-                      hint="the next token at position 5,000 sees positions 3,977..5,000; only blocks that end before "
-                           "the window's first position are null; the table covers every position up to 5,000.",
-                      mistakes=((lambda: (249, 64), "that nulls the block holding position 3,977, which the next token "
-                                 "still sees: only blocks wholly before the window are given back."),)),
+    "retention-interval-names": Exercise("(A's named sliding entries, B's hit tokens)",
+                      notebook="hybrid_kv_cache", expected=_retention_interval_names,
+                      hint="which token counts are resume points now, besides the prompt's replay boundary, and how "
+                           "many blocks just before each does a sliding hit need? Which of those blocks filled before "
+                           "A finished? For B: how far does its full group hit, and where, searching leftwards from "
+                           "there, is the first run of named sliding blocks long enough?",
+                      mistakes=((lambda: _retention_interval_names(0),
+                                 "those are the names 0.33's default keeps (interval 0); a positive interval adds "
+                                 "resume points of its own: which token counts are they with 16?"),
+                                (lambda: _retention_interval_names(None),
+                                 "that names every full block (the dense mode, None); with 16, which blocks does a "
+                                 "resume point keep named, and which stay unnamed?"),
+                                (lambda: ((2, 3), _retention_interval_names()[1]),
+                                 "the prompt's replay boundary is still a resume point when an interval is set: which "
+                                 "blocks does it keep?"),
+                                (lambda: (_retention_interval_names()[0], 20),
+                                 "that is the full group's hit alone: does the sliding group hold the named run it "
+                                 "needs just before 20 tokens?"),
+                                (lambda: (_retention_interval_names()[0], 12),
+                                 "search the sliding group leftwards from the full group's hit: is the run before 12 "
+                                 "the first long enough one you meet?"))),
     "agreed-hit-with-a-gap": Exercise("(hit tokens, null entries in the sliding group's hit)",
                       notebook="hybrid_kv_cache", expected=_agreed_hit_with_a_gap,
                       hint="search the sliding group from the right for ceil((8 - 1) / 4) cached blocks in a row; "

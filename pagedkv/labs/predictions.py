@@ -829,12 +829,15 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- hybrid_kv_cache
     "hybrid-gpt-oss-groups": Prediction(
-        "your prediction (groups, layers per block)", "hybrid_kv_cache",
-        hint="the group size is the smallest layer count of one spec (unless the largest is below 1.5 times it); "
-             "each spec's layers are then dealt into groups of that size.",
+        "your prediction (groups, layers per block, padding slots)", "hybrid_kv_cache",
+        hint="which of the two layer counts does the rule take as the group size here? Then how many groups of that "
+             "size does each kind of layer need, and how many of their slots stay empty?",
         mistakes=(
-            ((1, 36), "a sliding and a full layer keep different tokens, so they never share a group."),
-            ((2, 36), "a pool block holds one page for each layer of the group that owns it, not for every layer."),
+            ((3, 12, 11), "the smallest count is the group size only when the largest is at least 1.5 times it: is "
+                          "it, here?"),
+            ((1, 25, 0), "a sliding and a full layer keep different tokens, so they never share a group."),
+            ((2, 13, 0), "every group has as many slots as the group size: how many layers fill the sliding one?"),
+            ((2, 25, 0), "a pool block holds one page for each layer of the group that owns it, not for every layer."),
         ),
     ),
     "hybrid-sliding-table-at-19": Prediction(
