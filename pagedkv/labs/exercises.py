@@ -1247,15 +1247,17 @@ EXERCISES: dict[str, Exercise] = {
     "v0-swap-back-steps": Exercise("(the step r2 runs again, the step r1 runs again)",
                       notebook="scheduler", expected=_v0_swap_back_steps,
                       hint="0.6.3's swapped queue: who is at its head after step 5? Count the blocks each needs to "
-                           "come back (its blocks, and one more if its newest token starts a block) against the free "
-                           "ones, step by step: a request that runs grows, and one that finishes gives all back.",
-                      mistakes=((lambda: (7, 6), "that is pagedkv's run, swapped in by arrival; 0.6.3 reads its "
-                                                 "swapped queue in the order the requests left."),
-                                (lambda: (6, 6), "both at once needs 3 + 4 blocks, and step 6 has 6 free."),
-                                (lambda: (6, 7), "count r1's blocks with its newest token's: how many are free "
-                                                 "while r2 runs?"),
-                                (lambda: (6, 8), "r2 left with 3 of its 6 tokens: it runs three steps, taking a "
-                                                 "block in the last one."))),
+                           "come back against the free ones, step by step: its blocks, and one block more when its "
+                           "last block is full, since its newest token then starts a new one. A request that runs "
+                           "grows, and one that finishes gives all its blocks back.",
+                      mistakes=((lambda: (7, 6), "that is pagedkv's run, which swaps back in by arrival: in which "
+                                                 "order does 0.6.3 read its swapped queue?"),
+                                (lambda: (6, 6), "can both come back in one step? Count each one's blocks, its "
+                                                 "newest token's included, against the free ones."),
+                                (lambda: (6, 7), "count r1's blocks with its newest token's, against the blocks free "
+                                                 "in each step while r2 runs."),
+                                (lambda: (6, 8), "count r1's blocks with its newest token's, against the blocks free "
+                                                 "in each step while r2 runs, r2's growth included."))),
     "chunked-first-token-step": Exercise("the step in which B samples its first token",
                       notebook="vllm_today", expected=_second_prompt_first_token_step,
                       hint="running requests go first, in the order they were admitted, so A's chunks come before B "

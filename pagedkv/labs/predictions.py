@@ -637,6 +637,18 @@ PREDICTIONS: dict[str, Prediction] = {
             (("same", "down", 16), "a preempted request is swapped out and later back in: count both directions."),
         ),
     ),
+    "first-swap-out-and-return": Prediction(
+        "your prediction (step of the first swap-out, its victim, the step it runs again)", "scheduler",
+        hint="step 0 admits whoever fits: count each prompt's blocks of 4. From then on every running request adds a "
+             "token a step and needs a new block when its newest token starts one; the running are served oldest "
+             "first, and the tail of running gives its blocks up. A swapped request comes back, before anyone waiting, "
+             "once its blocks fit, and a request frees its blocks after the step that samples its last token.",
+        mistakes=(
+            ((1, "r3", 3), "the victim is not the request that needs the block: who is at the tail of running?"),
+            ((1, "r4", 2), "how many blocks are free in that step, and how many does r4 need back? A request frees "
+                           "its blocks only after the step that samples its last token."),
+        ),
+    ),
 
     # ----------------------------------- vllm_today
     "admission-with-a-hit": Prediction(
