@@ -155,3 +155,35 @@ def test_chunk_reads_follow_the_causal_offset_and_the_window():
     assert "row  0 (seq 0, position  4): keys  2-4  ( 3) in pages [4, 9]" in text
     assert "key positions read in all: 12" in text
     assert kf.chunk_reads_figure(cu, lens, tables, 4).patches
+
+
+def test_unread_pages_are_those_before_every_window():
+    cu, lens, tables = [0, 5, 6, 10], [13, 10, 4], [[0, 1, 2, 3], [4, 5, 6, 0], [7, 0, 0, 0]]
+    assert kf.unread_pages(cu, lens, tables, 4) == []  # causal: a sequence's last row reads all its pages
+    assert kf.unread_pages(cu, lens, tables, 4, sliding_window=4) == [0, 4]
+    assert "no row reads: [0, 4]" in kf.chunk_reads_text(cu, lens, tables, 4, sliding_window=4)
+
+
+def test_unified_grid_is_the_launch_the_kernel_makes():
+    """The drawn grid comes from the kernel's own launch rules; its tiles cover every query row exactly once, and
+    the spare ones are the slack of vLLM's upper bound, num_tokens // BLOCK_Q + num_seqs."""
+    from pagedkv.kernels.cuda_unified import tile_owner
+
+    step = kf.unified_grid([0, 1, 2, 3, 16], [7, 7, 7, 26], 4, 2, head_size=8, block_size=4)
+    assert step.plan.block_q == 8 and step.plan.grid == (16 // 8 + 4, 2, 1)
+    assert step.tiles == [(0, 0, 1), (1, 1, 1), (2, 2, 1), (3, 3, 8), (3, 11, 5), None]
+    text = kf.unified_grid_text(step)
+    assert "tile 4: seq 3, rows 11-15: 5 of its 8 queries, prefill tile, keys 0-25" in text
+    assert "tile 0: seq 0, row 0: 1 of its 8 queries, decode tile, keys 0-6" in text and "tile 5: spare" in text
+    for cu, block_q in (([0, 1, 2, 3, 16], 8), ([0, 16, 17, 40], 4), (list(range(10)), 1), ([0, 7, 9], 2)):
+        tiles = [tile_owner(cu, t, block_q) for t in range(cu[-1] // block_q + len(cu) - 1)]
+        rows = [r for tile in tiles if tile for r in range(tile[1], tile[1] + tile[2])]
+        assert rows == list(range(cu[-1])), (cu, block_q)
+        assert sum(t is not None for t in tiles) == sum(-(-(b - a) // block_q) for a, b in zip(cu, cu[1:]))
+    # three long decodes, 6 (sequence, KV head) programs: 3-D, segments of one 512-key partition, and the reduce
+    long = kf.unified_grid([0, 1, 2, 3], [8192, 3000, 700], 4, 2, head_size=128, block_size=16, dtype="float16")
+    assert long.plan.grid == (6, 2, 16) and long.plan.segment_len == 512
+    text = kf.unified_grid_text(long)
+    assert "segments 0-5, the last with 440; segments 6-15 return" in text
+    assert "12 programs, each merging its row's partial max, sum and output (16, 6, 2 segments)" in text
+    assert len(kf.unified_grid_figure(step, long).axes) == 2

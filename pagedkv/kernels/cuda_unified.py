@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -486,10 +487,49 @@ def cache_words(cache: torch.Tensor, head_size: int) -> torch.Tensor:
     return cache.reshape(-1).view({8: torch.int64, 4: torch.int32, 2: torch.int16}[size])
 
 
+class LaunchPlan(NamedTuple):
+    """How :func:`unified_attention_cuda` launches a batch: what ``kernel_figures.unified_grid`` draws."""
+    block_q: int  # queries per tile (1 for a batch of decodes)
+    partition_size: int  # a decode tile's partition; 0: decodes take the prefill tile's path
+    segment_len: int  # keys per segment (3-D); the longest context when 2-D
+    grid: tuple  # (query tiles, KV heads, segments)
+
+
+def launch_plan(shape: UnifiedShape, num_threads: int, dtype: str, partition_size: int | None = None,
+                num_segments: int | None = None) -> LaunchPlan:
+    """The tile size, partition, segments and grid of one launch (the rules above; tests force small ones)."""
+    block_q = 1 if shape.max_query_len <= 1 else block_q_for(shape)
+    available = decode_partition(shape.head_size, shape.block_size, num_threads, shape.num_queries_per_kv, dtype)
+    partition_size = available if partition_size is None or not available else partition_size
+    if num_segments is None:
+        num_segments = choose_split(shape, partition_size or PARTITION_SIZE)
+    num_segments = max(1, min(num_segments, shape.max_seq_len))
+    unit = partition_size or shape.block_size  # segments are whole partitions (a decode tile's) or pages
+    segment_len = -(-shape.max_seq_len // (num_segments * unit)) * unit
+    num_segments = -(-shape.max_seq_len // segment_len)
+    grid = (shape.num_tokens // block_q + shape.num_seqs, shape.num_kv_heads, num_segments)
+    return LaunchPlan(block_q, partition_size, segment_len, grid)
+
+
+def tile_owner(cu_seqlens_q, tile: int, block_q: int) -> tuple[int, int, int] | None:
+    """The host twin of the kernel's first lines: tile ``tile``'s (sequence, first query row, rows), or None for a
+    spare tile, which returns (the grid is an upper bound).  Sequence ``s``'s tiles start at
+    ``cu_seqlens_q[s] // block_q + s`` (``find_seq_idx``)."""
+    cu = [int(x) for x in cu_seqlens_q]
+    seq = max(s for s in range(len(cu) - 1) if cu[s] // block_q + s <= tile)
+    local = tile - (cu[seq] // block_q + seq)
+    q_len = cu[seq + 1] - cu[seq]
+    if local * block_q >= q_len:
+        return None
+    return seq, cu[seq] + local * block_q, min(block_q, q_len - local * block_q)
+
+
 def choose_split(shape: UnifiedShape, partition_size: int) -> int:
-    """Segments per context: vLLM 0.33's rule, 3-D (``NUM_SEGMENTS``) for a batch of decodes too few to fill a
-    2-D grid of ``MIN_LAUNCH_GRID_SIZE_2D`` programs, and here only when a context is longer than one partition;
-    else 1 (2-D)."""
+    """Segments per context: 3-D (``NUM_SEGMENTS``) for a batch of decodes too few to fill a 2-D grid of
+    ``MIN_LAUNCH_GRID_SIZE_2D`` (sequence, KV head) programs, and here only when a context is longer than one
+    partition; else 1 (2-D).  vLLM 0.33 goes 3-D when ``num_seqs * cdiv(max_seqlen_q, BLOCK_Q) <= seq_threshold_3D``
+    (``128 // num_kv_heads``, snapped to the nearest CUDA-graph capture size when decode graphs are on), for queries
+    of up to ``MAX_3D_QUERY_LEN = 8`` too; pagedkv keeps the 128, not the snap."""
     few = shape.num_seqs * shape.num_kv_heads < MIN_LAUNCH_GRID_SIZE_2D
     if shape.max_query_len <= 1 and few and shape.max_seq_len > partition_size:
         return NUM_SEGMENTS
@@ -511,25 +551,17 @@ def unified_attention_cuda(query, key_cache, value_cache, cu_seqlens_q, seq_lens
     num_threads = num_threads or (WARP_SIZE if simulator else 128)
     dtype = str(query.dtype).removeprefix("torch.")
     decodes_only = shape.max_query_len <= 1
-    block_q = 1 if decodes_only else block_q_for(shape)
+    block_q, partition_size, segment_len, grid = launch_plan(shape, num_threads, dtype, partition_size, num_segments)
     needed = shared_bytes(shape.head_size, shape.block_size, block_q * shape.num_queries_per_kv)
     if needed > MAX_SHARED_BYTES:
         raise PagedKVValueError(f"the unified CUDA kernel needs {needed} bytes of shared memory for head_size "
                                 f"{shape.head_size}, block_size {shape.block_size} and {shape.num_queries_per_kv} "
                                 f"query heads per KV head, over {MAX_SHARED_BYTES}; use backend='cpu' or 'torch', or "
                                 "a smaller block_size.")
-    available = decode_partition(shape.head_size, shape.block_size, num_threads, shape.num_queries_per_kv, dtype)
-    partition_size = available if partition_size is None or not available else partition_size
-    if num_segments is None:
-        num_segments = choose_split(shape, partition_size or PARTITION_SIZE)
-    num_segments = max(1, min(num_segments, shape.max_seq_len))
-    unit = partition_size or shape.block_size  # segments are whole partitions (a decode tile's) or pages
-    segment_len = -(-shape.max_seq_len // (num_segments * unit)) * unit
-    num_segments = -(-shape.max_seq_len // segment_len)
+    num_segments = grid[2]
     split = num_segments > 1
     kernel = build_unified_kernel(shape.head_size, shape.block_size, num_threads, block_q, shape.num_queries_per_kv,
                                   shape.sliding_window or 0, dtype, simulator, partition_size, split, decodes_only)
-    grid = (shape.num_tokens // block_q + shape.num_seqs, shape.num_kv_heads, num_segments)
     key_words, value_words = (cache_words(c, shape.head_size) for c in (key_cache, value_cache))
     with _fast_thread_switching(simulator), _on_tensors_gpu(query) as stream:
         args = [_on_device(t) for t in (query, key_words, value_words, cu_seqlens_q, seq_lens, block_tables)]

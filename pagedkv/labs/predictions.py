@@ -42,6 +42,17 @@ def _beam_ceiling(beam) -> float:
     return 1 - (per_beam - 1 + last.num_seqs) / beam.peak_without_sharing
 
 
+def _tile_bytes(rows) -> tuple:
+    """Notebook 11's tiles under MHA, from ``static_report``'s unified rows: bytes of K and V per (query head, key)
+    for a decode tile and a prefill tile, and which of them issue could outrun HBM (memory-bound)."""
+    from ..kernels.static_report import hbm_fraction
+
+    tiles = {r["tile"]: r for r in rows if "tile" in r and r["gqa"] == 1}
+    kv_bytes = {t: 2 * 2 * r["head_size"] // r["block_q"] for t, r in tiles.items()}  # K and V, fp16, per row
+    issue = {t: hbm_fraction(sum(r["loops"].values()), r["head_size"], r["block_q"]) for t, r in tiles.items()}
+    return kv_bytes["decode"], kv_bytes["prefill"], next(t for t in ("decode", "prefill") if issue[t] > 1)
+
+
 PREDICTIONS: dict[str, Prediction] = {
     # ----------------------------------- block_size_arithmetic
     "mqa-times-smaller": Prediction(
@@ -739,25 +750,37 @@ PREDICTIONS: dict[str, Prediction] = {
 
     # ----------------------------------- unified_attention
     "chunk-row-keys": Prediction(
-        "your prediction ((first, last) key position row 0 reads, the row that reads the most)", "unified_attention",
-        hint="which token of a is row 0? It reads every key up to its own position, and none the step writes "
-             "after it.",
+        "your prediction ((first, last) key position row 0 reads, key positions the step reads in all)",
+        "unified_attention",
+        hint="which token of a is row 0? A row reads every key up to its own position, and none the step writes "
+             "after it. Then add up the rows' counts, sequence by sequence.",
         mistakes=(
-            (((0, 12), 4), "row 0 is a's token 8: the mask cuts the keys after its position, though this step "
-                           "wrote them."),
-            (((0, 7), 4), "a row reads its own key too: j <= position."),
-            (((8, 12), 4), "a chunk's rows read the context earlier steps wrote as well, from key 0."),
+            (((0, 12), 5 * 13 + 10 + 4 * 4), "the mask cuts the keys after a row's position, though this step "
+                                              "wrote them."),
+            (((0, 7), 75 - 10), "a row reads its own key too: j <= position."),
+            (((8, 8), 15 + 1 + 10), "a chunk's rows read the context earlier steps wrote as well, from key 0."),
+        ),
+    ),
+    "window-unread-pages": Prediction(
+        "your prediction (the pages no row reads under a window of 4)", "unified_attention",
+        hint="under W = 4 the row at position p reads keys p - 3 to p. For each sequence, which of its pages hold "
+             "only keys that fall before every one of its rows' windows?",
+        mistakes=(
+            ({0}, "b's one row has a window too: which of b's pages hold its keys?"),
+            (set(), "a window reaches back only W - 1 keys before a row's own position: how far back does a's "
+                    "first row reach?"),
         ),
     ),
     "decode-tile-bytes": Prediction(
         "your prediction (bytes of K/V per (query head, key): decode tile, prefill tile; the memory-bound one)",
-        "unified_attention",
+        "unified_attention", from_run=_tile_bytes,
         hint="one key brings a K row and a V row of head_size fp16 values; how many (query head) rows share them "
              "in each tile? Both tiles issue a similar number of instructions per key: which one has more bytes "
              "behind each?",
         mistakes=(
             ((256, 16, "decode"), "a key brings its K row and its V row: 2 x 128 values of 2 bytes each."),
-            ((512, 512, "decode"), "a prefill tile stages each page once for its 16 query rows: they share the bytes."),
+            ((512, 512, "decode"), "a prefill tile's 16 query rows walk the same pages: one load of a key serves "
+                                   "them all."),
             ((512, 32, "prefill"), "with a similar instruction count per key, the tile with more bytes per instruction "
                                    "is the one whose issue rate could outrun HBM."),
         ),

@@ -481,12 +481,19 @@ def chunk_reads_text(cu_seqlens_q, seq_lens, block_tables, block_size: int, slid
         lines.append(f"  row {r['row']:>2} (seq {r['seq']}, position {r['position']:>2}): keys {keys[0]:>2}-"
                      f"{keys[-1]:<2} ({len(keys):>2}) in pages {pages}")
     lines.append(f"key positions read in all: {sum(len(r['keys']) for r in rows)}")
+    unread = unread_pages(cu_seqlens_q, seq_lens, block_tables, block_size, sliding_window)
+    if unread:
+        lines.append(f"pages the sequences hold that no row reads: {unread}")
     return "\n".join(lines)
+
+
+PAST_END = "#E4E4E4"  # a key position past a sequence's seq_len: no key there
 
 
 def chunk_reads_figure(cu_seqlens_q, seq_lens, block_tables, block_size: int, sliding_window=None, ax=None):
     """Query rows (down) against key positions (across): a cell a row reads is coloured by the page it sits in,
-    a key of the sequence the mask cuts is hatched; dots mark each row's own position."""
+    numbered where the row enters the page; a key of the sequence the mask cuts is hatched, a position past the
+    sequence's end grey; a black frame marks each row's own position."""
     rows = chunk_reads(cu_seqlens_q, seq_lens, sliding_window)
     width = int(max(seq_lens))
     if ax is None:
@@ -494,16 +501,23 @@ def chunk_reads_figure(cu_seqlens_q, seq_lens, block_tables, block_size: int, sl
     pages_seen = {}
     for y, r in enumerate(rows):
         table = [int(b) for b in block_tables[r["seq"]]]
-        for j in range(int(seq_lens[r["seq"]])):
+        seq_len = int(seq_lens[r["seq"]])
+        for j in range(width):
+            if j >= seq_len:  # no key there: past this sequence's end
+                ax.add_patch(Rectangle((j, y), 1, 1, facecolor=PAST_END, edgecolor="white", linewidth=0.8))
+                continue
             page = table[j // block_size]
             if j in r["keys"]:
                 color = PALETTE[page % len(PALETTE)]
                 pages_seen[page] = color
                 ax.add_patch(Rectangle((j, y), 1, 1, facecolor=color, edgecolor="white", linewidth=0.8))
+                if j == r["keys"][0] or j % block_size == 0:  # the page's number where the row enters it
+                    ax.text(j + 0.5, y + 0.5, str(page), ha="center", va="center", fontsize=6.5, color=_ink(color))
             else:
                 ax.add_patch(Rectangle((j, y), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///",
                                        linewidth=0.5))
-        ax.plot(r["position"] + 0.5, y + 0.5, "o", color="black", markersize=3)
+        ax.add_patch(Rectangle((r["position"] + 0.06, y + 0.06), 0.88, 0.88, facecolor="none", edgecolor="black",
+                               linewidth=1.3))
     for s in range(1, len(seq_lens)):  # sequence boundaries in the flat batch
         ax.axhline(int(cu_seqlens_q[s]), color="black", linewidth=1.5)
     for x in range(block_size, width, block_size):  # page boundaries (logical blocks)
@@ -517,9 +531,172 @@ def chunk_reads_figure(cu_seqlens_q, seq_lens, block_tables, block_size: int, sl
     handles = [Rectangle((0, 0), 1, 1, facecolor=c, label=f"page {p}") for p, c in sorted(pages_seen.items())]
     handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///",
                              label="cut by the mask"))
-    handles.append(plt.Line2D([], [], marker="o", color="black", linestyle="none", markersize=3,
-                              label="the row's own position"))
+    handles.append(Rectangle((0, 0), 1, 1, facecolor=PAST_END, edgecolor="#BBBBBB", label="past its seq_len"))
+    handles.append(Rectangle((0, 0), 1, 1, facecolor="none", edgecolor="black", linewidth=1.3,
+                             label="the row's own position"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     window = f", sliding window {sliding_window}" if sliding_window else " (causal)"
     ax.set_title(f"which keys each query row reads{window}", fontsize=10)
     return ax
+
+
+def unread_pages(cu_seqlens_q, seq_lens, block_tables, block_size: int, sliding_window=None) -> list[int]:
+    """The pages the sequences hold that no query row of the step reads (a window's old pages), in table order."""
+    read = {int(block_tables[r["seq"]][j // block_size])
+            for r in chunk_reads(cu_seqlens_q, seq_lens, sliding_window) for j in r["keys"]}
+    held = [int(block_tables[s][b]) for s in range(len(seq_lens)) for b in range(-(-int(seq_lens[s]) // block_size))]
+    return [p for p in held if p not in read]
+
+
+# ------------------------------------------------------------------ the unified kernel's launch grid
+
+
+class UnifiedGrid(NamedTuple):
+    """One launch of the unified kernel, program by program (``unified_grid``)."""
+    names: list  # each sequence's name
+    q_lens: list
+    seq_lens: list
+    num_heads: int
+    num_kv_heads: int
+    plan: object  # cuda_unified.LaunchPlan: block_q, partition_size, segment_len, grid
+    tiles: list  # per query tile: (sequence, first query row, rows), or None for a spare tile
+    decode_tiles: bool  # a one-query tile runs the grouped decode phases (else the prefill tile's path)
+    label: str = ""  # what the batch is, for the figure's title
+
+
+def unified_grid(cu_seqlens_q, seq_lens, num_heads: int, num_kv_heads: int, head_size: int, block_size: int,
+                 dtype: str = "float32", names=None, num_threads: int = 128, label: str = "") -> UnifiedGrid:
+    """How ``unified_paged_attention(backend="cuda")`` launches this batch on a GPU (``num_threads`` a block): the
+    rules of ``cuda_unified.launch_plan`` and, per tile, the kernel's own ``find_seq_idx`` (``tile_owner``)."""
+    from ..kernels.cuda_unified import launch_plan, tile_owner
+    from ..kernels.validate import UnifiedShape
+
+    cu = [int(x) for x in cu_seqlens_q]
+    lens = [int(x) for x in seq_lens]
+    q_lens = [b - a for a, b in zip(cu, cu[1:])]
+    shape = UnifiedShape(cu[-1], len(lens), num_heads, num_kv_heads, head_size,
+                         sum(-(-n // block_size) for n in lens), block_size, max(q_lens), max(lens),
+                         head_size ** -0.5, None)
+    plan = launch_plan(shape, num_threads, dtype)
+    tiles = [tile_owner(cu, t, plan.block_q) for t in range(plan.grid[0])]
+    return UnifiedGrid(list(names) if names else [f"seq {s}" for s in range(len(lens))], q_lens, lens, num_heads,
+                       num_kv_heads, plan, tiles, plan.partition_size > 0, label)
+
+
+def _tile_keys(grid: UnifiedGrid, tile) -> int:
+    """Keys the tile's last query reads (causal): a tile walks its sequence's pages up to there."""
+    seq, first, rows = tile
+    cu_start = sum(grid.q_lens[:seq])
+    return grid.seq_lens[seq] - grid.q_lens[seq] + (first - cu_start) + rows
+
+
+def _segments(grid: UnifiedGrid, seq: int) -> int:
+    """Segments of a 3-D launch that find keys of this sequence (the others return at once)."""
+    return -(-grid.seq_lens[seq] // grid.plan.segment_len)
+
+
+def unified_grid_text(grid: UnifiedGrid) -> str:
+    """The grid in words: each query tile's sequence, rows and keys; with segments, each one's keys; the reduce."""
+    plan = grid.plan
+    tiles, kv_heads, segments = plan.grid
+    group = grid.num_heads // grid.num_kv_heads
+    mode = f"3-D, segments of {plan.segment_len} keys" if segments > 1 else "2-D"
+    queries = "1 query" if plan.block_q == 1 else f"{plan.block_q} queries"
+    axes = f"{tiles} query tiles, {kv_heads} KV heads" + (f", {segments} segments" if segments > 1 else "")
+    label = f"{grid.label}: " if grid.label else ""
+    lines = [f"{label}BLOCK_Q = {queries} x {group} query heads a tile; grid ({axes}) = "
+             f"{tiles * kv_heads * segments} programs, {mode}:"]
+    for t, tile in enumerate(grid.tiles):
+        if tile is None:
+            lines.append(f"  tile {t}: spare, returns at once")
+            continue
+        seq, first, rows = tile
+        name = grid.names[seq]
+        which = f"row {first}" if rows == 1 else f"rows {first}-{first + rows - 1}"
+        kind = "decode tile" if rows == 1 and grid.q_lens[seq] == 1 and grid.decode_tiles else "prefill tile"
+        if segments == 1:
+            lines.append(f"  tile {t}: {name}, {which}: {rows} of its {plan.block_q} queries, {kind}, "
+                         f"keys 0-{_tile_keys(grid, tile) - 1}")
+        else:
+            n = _segments(grid, seq)
+            last = grid.seq_lens[seq] - (n - 1) * plan.segment_len
+            rest = f"; segments {n}-{segments - 1} return" if n < segments else ""
+            lines.append(f"  tile {t}: {name}, {which}, {grid.seq_lens[seq]:,} keys: segments 0-{n - 1}, the last "
+                         f"with {last}{rest}")
+    lines.append(f"  each tile runs once per KV head: KV head k with query heads {group}k to {group}k + {group - 1}")
+    if segments > 1:
+        parts = ", ".join(str(_segments(grid, s)) for s in range(len(grid.seq_lens)))
+        lines.append(f"then the reduce: {grid.num_heads} query heads x {sum(grid.q_lens)} query rows = "
+                     f"{grid.num_heads * sum(grid.q_lens)} programs, each merging its row's partial max, sum and "
+                     f"output ({parts} segments) into one")
+    return "\n".join(lines)
+
+
+def _ink(color: str) -> str:
+    """Black or white text, whichever reads on ``color``."""
+    r, g, b = (int(color[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
+def _spare(ax, x, y, w=1.0, h=1.0, text=""):
+    _box(ax, x, y, w, h, text, color="#F4F4F4", edge="#BBBBBB", size=7.5, hatch="///")
+
+
+def unified_grid_figure(*grids: UnifiedGrid):
+    """Each grid as a panel: a 2-D grid as query tiles (across) x KV heads (down); a 3-D one as its query tiles
+    (down) x segments (across) for KV head 0, then the reduce. A cell is coloured by its sequence; spare tiles and
+    segments past a context are hatched."""
+    widths = [1.4 * g.plan.grid[0] if g.plan.grid[2] == 1 else g.plan.grid[2] + 3 for g in grids]
+    fig, axes = plt.subplots(1, len(grids), figsize=(10, 3.3), gridspec_kw={"width_ratios": widths}, squeeze=False)
+    for ax, grid in zip(axes[0], grids):
+        tiles, kv_heads, segments = grid.plan.grid
+        colors = [PALETTE[s % len(PALETTE)] for s in range(len(grid.names))]
+        if segments == 1:
+            for t, tile in enumerate(grid.tiles):
+                for h in range(kv_heads):
+                    if tile is None:
+                        _spare(ax, t, h, text="spare")
+                        continue
+                    seq, first, rows = tile
+                    which = f"row {first}" if rows == 1 else f"rows\n{first}-{first + rows - 1}"
+                    _box(ax, t, h, 1, 1, f"{grid.names[seq]}\n{which}\n{rows}/{grid.plan.block_q} q", colors[seq],
+                         edge="white", size=7.5)
+                    ax.texts[-1].set_color(_ink(colors[seq]))
+            ax.set_xlim(0, tiles)
+            ax.set_ylim(kv_heads, 0)
+            ax.set_xticks([t + 0.5 for t in range(tiles)], [str(t) for t in range(tiles)], fontsize=8)
+            ax.set_yticks([h + 0.5 for h in range(kv_heads)], [f"KV head {h}" for h in range(kv_heads)], fontsize=8)
+            ax.set_xlabel(f"query tile (program_id 0); n/{grid.plan.block_q} q: its real queries", fontsize=8.5)
+            ax.set_title(f"{grid.label}: 2-D grid\n({tiles} tiles, {kv_heads} KV heads), BLOCK_Q {grid.plan.block_q}",
+                         fontsize=9)
+        else:
+            for t, tile in enumerate(grid.tiles):
+                if tile is None:
+                    _spare(ax, 0, t, segments, 1, "returns at once")
+                    continue
+                seq = tile[0]
+                n = _segments(grid, seq)
+                for k in range(segments):
+                    if k < n:
+                        _box(ax, k, t, 1, 1, color=colors[seq], edge="white")
+                    else:
+                        _spare(ax, k, t)
+                _box(ax, segments + 0.6, t + 0.1, 2.3, 0.8, f"{n} -> 1", "#FFFFFF", size=8)
+                _arrow(ax, (segments, t + 0.5), (segments + 0.6, t + 0.5))
+            ax.text(segments + 1.75, -0.15, "reduce", ha="center", va="bottom", fontsize=8)
+            ax.set_xlim(0, segments + 3)
+            ax.set_ylim(tiles, 0)
+            ax.set_xticks([k + 0.5 for k in range(segments)], [str(k) for k in range(segments)], fontsize=7)
+            ax.set_yticks([t + 0.5 for t in range(tiles)],
+                          [f"tile {t}: spare" if tile is None else
+                           f"tile {t}: {grid.names[tile[0]]}, {grid.seq_lens[tile[0]]:,} keys"
+                           for t, tile in enumerate(grid.tiles)], fontsize=8)
+            ax.set_xlabel(f"segment (program_id 2), {grid.plan.segment_len} keys each; hatched: returns at once",
+                          fontsize=8.5)
+            ax.set_title(f"{grid.label}: 3-D grid ({tiles} tiles, {kv_heads} KV heads, {segments} segments),\n"
+                         f"KV head 0 drawn (the other the same), BLOCK_Q {grid.plan.block_q}", fontsize=9)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        ax.tick_params(length=0)
+    fig.tight_layout()
+    return fig
