@@ -41,13 +41,18 @@ def load_targets(engine, out, names):
     return {block: chunk_names[chunk] for job in jobs for chunk, block in zip(job.src, job.dst)}
 
 
-def step_and_report(engine, request_id):
-    """One engine step; prints the request's status, ``num_computed_tokens``, the tokens scheduled for it and the
-    connector's load and store jobs. Returns the step's output (a ``SchedulerOutput``)."""
-    request = engine.scheduler.requests[request_id]
-    out = engine.step()
+def report_step(engine, request, out):
+    """Prints, for the step just taken (its output ``out``), the request's status, ``num_computed_tokens``, the
+    tokens scheduled for it and the connector's load and store jobs."""
     meta = out.kv_connector_metadata
     print(f"step {engine.stats.steps}: {request.status.name}, num_computed_tokens {request.num_computed_tokens}, "
-          f"{out.num_scheduled_tokens.get(request_id, 0)} tokens scheduled, {len(meta.load_jobs)} load and "
+          f"{out.num_scheduled_tokens.get(request.request_id, 0)} tokens scheduled, {len(meta.load_jobs)} load and "
           f"{len(meta.store_jobs)} store jobs planned")
+
+
+def step_and_report(engine, request_id):
+    """One engine step, then ``report_step``. Returns the step's output (a ``SchedulerOutput``)."""
+    request = engine.scheduler.requests[request_id]  # before the step, which may finish it
+    out = engine.step()
+    report_step(engine, request, out)
     return out
