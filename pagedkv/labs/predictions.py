@@ -142,7 +142,8 @@ PREDICTIONS: dict[str, Prediction] = {
         tolerance=0.1,
     ),
     "budget-doubled-shares": Prediction(
-        "your prediction (the oracle's and paging's token-state shares when the budget doubles: rise, fall or stay)",
+        "your prediction (the oracle's and paging's token-state shares when the budget about doubles: rise, fall or "
+        "stay)",
         "memory_waste",
         hint="doubling the memory about doubles how many requests run at once. Does a request's own waste, as a share "
              "of what it holds, depend on how many others run beside it?",
