@@ -370,11 +370,8 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
     elif policy == "paged_v1":
         steps = _serve_paged_v1(pairs, budget_tokens, max_len, block_size, cost, max_num_batched_tokens)
     else:
-        chunk_of = {"reserve_max": lambda prompt, output: max_len,
-                    "reserve_pow2": lambda prompt, output: 1 << (prompt + output - 1).bit_length(),
-                    "reserve_pow2_output": lambda prompt, output: prompt + (1 << (output - 1).bit_length()),
-                    "oracle": lambda prompt, output: prompt + output}[policy]
-        steps = _serve_contiguous(pairs, budget_tokens, max_len, chunk_of, cost, allocator)
+        steps = _serve_contiguous(pairs, budget_tokens, max_len,
+                                  lambda prompt, output: chunk_slots(policy, prompt, output, max_len), cost, allocator)
 
     sums = dict.fromkeys(PARTS, 0.0)
     peak, saturated_time, running_time, finished_while_saturated, total_time = None, 0.0, 0.0, 0, 0.0
@@ -412,6 +409,19 @@ def simulate(policy: str, workload: str = "sharegpt", seed: int = 0, *, num_requ
                      step.recomputed_tokens, step.swapped_blocks, total_time, history, saturated_time,
                      saturated_until, external_in_holes / external if external > 0 else 0.0,
                      rounding / saturated_time)
+
+
+def chunk_slots(policy: str, prompt_len: int, output_len: int, max_len: int = 2048) -> int:
+    """The contiguous chunk a request asks for under a contiguous ``policy``, capped at ``max_len`` (the allocator
+    may hold more: ``Buddy.held``)."""
+    if policy == "reserve_max":
+        return max_len
+    if policy == "reserve_pow2":
+        return min(1 << (prompt_len + output_len - 1).bit_length(), max_len)
+    if policy == "reserve_pow2_output":
+        return min(prompt_len + (1 << (output_len - 1).bit_length()), max_len)
+    check_choice("policy", policy, ("reserve_max", "reserve_pow2", "reserve_pow2_output", "oracle"))
+    return min(prompt_len + output_len, max_len)
 
 
 def _pairs(lengths) -> list[tuple[int, int]]:

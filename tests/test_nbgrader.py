@@ -39,7 +39,7 @@ VENV = Path(sys.prefix)  # the environment these tests run in: make's VENV, alre
 # One plausible mistake per notebook: (the solution line, the wrong line).
 WRONG = {
     "01": ("weight_bytes / tp", "weight_bytes / 4"),  # split the KV heads over 8 GPUs, not the weights
-    "02": ("e2_never = 1 - (513 + 1024) / 2 / 1024", "e2_never = (1024 - 513) / 1024"),  # the worst case
+    "02": ("sum(blocks_needed(100 + produced, 16) * 16 for", "sum((100 + produced) for"),  # paging's tokens, not blocks
     "03": ("next_blocks = [3, 0, 2]", "next_blocks = [0, 3, 2]"),  # one call's list put back block by block
     "04": ("e3_cached = 4", "e3_cached = 0"),  # LRU evicts the prompt's first block
     "05": ("e3 = ([8, 4, 4], 7, 0, 5)", "e3 = ([8, 0, 0], 5, 0, 5)"),  # let the later children hit the whole prompt

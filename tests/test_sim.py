@@ -100,6 +100,9 @@ def test_buddy_rounds_up_splits_and_merges():
 def test_the_papers_orca_baselines():
     """The paper's Orca: its Pow2 rule (prompt + the output rounded up) and a buddy allocator (§6.1), whose rounding
     is internal fragmentation, counted apart in ``rounding``."""
+    from pagedkv.sim import chunk_slots  # the chunk each contiguous rule asks for, before the allocator rounds it
+
+    assert chunk_slots("reserve_pow2_output", 161, 338) == 161 + 512 and Buddy.held(161 + 512) == 1024
     lengths = [(10, 250)] * 40
     first_fit = simulate("reserve_pow2_output", lengths=lengths, budget_tokens=2048, max_len=512, progress=False)
     buddy = simulate("reserve_pow2_output", lengths=lengths, budget_tokens=2048, max_len=512, progress=False,

@@ -370,17 +370,42 @@ def _lru_survivors(tail_first: bool = True, others: bool = True):
 
 
 # ------------------------------------------------ memory_waste
-def _states_outnumber_reserved(prompt_counts: bool = True, count_internal: bool = True):
-    """reserve_pow2, a 100-token prompt, 300 tokens to produce (a 512-slot chunk): the first produced count at
-    which the chunk's token states outnumber its empty slots (reserved plus internal), found by walking its life."""
-    prompt, output = 100, 300
-    chunk = 1 << (prompt + output - 1).bit_length()
-    for produced in range(output + 1):
-        tokens = (prompt if prompt_counts else 0) + produced
-        empty = chunk - prompt - produced if count_internal else output - produced
-        if tokens > empty:
-            return produced
-    return None
+def _pow2_never_used(rule: str = "reserve_pow2_output", buddy_rounds: bool = True):
+    """The paper's Pow2 (``reserve_pow2_output``: the prompt plus the next power of two of the output), a 161-token
+    prompt and outputs equally likely from 129 to 512: the mean fraction of the slots a request holds that no token of
+    it will ever fill, its chunk placed first fit and under the buddy allocator, by ``pagedkv.sim``'s own rule and
+    allocators. ``rule`` and ``buddy_rounds`` replay slips."""
+    from ..sim import Buddy, FirstFit, chunk_slots
+
+    prompt, outputs = 161, range(129, 513)
+
+    def never_used(space):
+        return sum(1 - (prompt + output) / space.held(chunk_slots(rule, prompt, output)) for output in outputs) \
+            / len(outputs)
+
+    return never_used(FirstFit), never_used(Buddy if buddy_rounds else FirstFit)
+
+
+def _oracle_over_paged(paged_whole_blocks: bool = True, oracle_whole_chunk: bool = True,
+                       last_token_only: bool = False):
+    """One request, a 100-token prompt and 300 tokens to produce, 16-token blocks: the slots it holds, summed over
+    its life (after each of its 300 decode steps, with the tokens it has then), under the oracle over paged, the
+    paged blocks counted by pagedkv's ``BlockSpaceManager``. The flags replay slips."""
+    from ..manager import BlockSpaceManager
+
+    prompt, output, block_size = 100, 300, 16
+    manager = BlockSpaceManager(block_size, num_gpu_blocks=64)
+    manager.allocate("r", [0] * prompt)
+    oracle = paged = 0
+    for produced in range(1, output + 1):
+        manager.append_slots("r", [0])
+        tokens = prompt + produced
+        blocks = len(manager.get_block_table("r")) * block_size
+        if last_token_only and produced < output:
+            continue
+        oracle += prompt + output if oracle_whole_chunk else tokens
+        paged += blocks if paged_whole_blocks else tokens
+    return oracle / paged
 
 
 def ledger(prompt, output, generated, block_size=16):
@@ -390,17 +415,6 @@ def ledger(prompt, output, generated, block_size=16):
     held = -(-tokens // block_size) * block_size  # the slots of the blocks it holds
     filled = min(held, prompt + output)  # those a token of this request will land in one day
     return tokens, filled - tokens, held - filled
-
-
-def _pow2_never_used(policy: str = "reserve_pow2"):
-    """reserve_pow2, final lengths equally likely from 513 to 1,024: the mean fraction of a chunk never used."""
-    from ..sim import max_concurrent_requests
-
-    budget, fractions = 1 << 20, []
-    for n in range(513, 1025):
-        chunk = budget // max_concurrent_requests(policy, budget_tokens=budget, request_len=n)
-        fractions.append((chunk - n) / chunk)
-    return sum(fractions) / len(fractions)
 
 
 # -------------------------------------- paged_attention_kernel
@@ -1054,22 +1068,27 @@ EXERCISES: dict[str, Exercise] = {
                       hint="which of the two pages does fp8 change, and by how much? Then redo section 5's steps: "
                            "the smallest multiple of 16 tokens whose attention page holds the Mamba state, and what "
                            "that page has left over."),
-    "reservation-outgrown": Exercise("tokens produced when token states first outnumber the chunk's empty slots",
-                      notebook="memory_waste",
-                      expected=_states_outnumber_reserved,
-                      mistakes=((lambda: _states_outnumber_reserved(prompt_counts=False), "the prompt's K/V are "
-                                 "token states too, from the first step on."),
-                                (lambda: _states_outnumber_reserved(count_internal=False), "you counted only the "
-                                 "slots reserved for later tokens; the chunk's slots past the final length are "
-                                 "empty too.")),
-                      hint="how big is the chunk reserve_pow2 gives this request? Then write token states and empty "
-                           "slots as functions of the tokens produced so far, p."),
-    "pow2-never-used": Exercise("mean fraction never used",
-                      notebook="memory_waste", expected=_pow2_never_used, tolerance=0.005,
-                      mistakes=((lambda: _pow2_never_used("reserve_max"), "you gave every request the maximum "
-                                 "length's chunk; reserve_pow2 rounds each final length up to a power of two."),),
-                      hint="which chunk does a 600-token request get, and a 1,000-token one? What part of each is "
-                           "never used?"),
+    "pow2-buddy-never-used": Exercise("(mean share never used under the paper's Pow2: placed first fit, under a "
+                      "buddy allocator)", notebook="memory_waste", expected=_pow2_never_used, tolerance=0.005,
+                      mistakes=((lambda: _pow2_never_used("reserve_pow2"), "you rounded the whole length up to a power "
+                                 "of two; the paper's rule rounds only the output, and adds the prompt on top."),
+                                (lambda: _pow2_never_used(buddy_rounds=False), "the buddy allocator hands out only "
+                                 "blocks of a power of two: which block holds a chunk of the prompt plus a power of "
+                                 "two?")),
+                      hint="which chunk does the rule give a 161-token prompt with 200 tokens to produce, and with "
+                           "400? Which block does a buddy allocator hand out for each? Then, request by request, the "
+                           "share of what it holds past its final length."),
+    "oracle-over-paged": Exercise("the oracle's slots over paging's, summed over the request's life",
+                      notebook="memory_waste", expected=_oracle_over_paged, tolerance=0.005,
+                      mistakes=((lambda: _oracle_over_paged(paged_whole_blocks=False), "you counted paging's token "
+                                 "states only; a paged request holds whole blocks, the empty slots of its last one "
+                                 "too."),
+                                (lambda: _oracle_over_paged(oracle_whole_chunk=False), "the oracle's chunk is as long "
+                                 "as the request's final length from admission on, not only as its tokens so far."),
+                                (lambda: _oracle_over_paged(last_token_only=True), "that compares the two at the last "
+                                 "token only, as section 2's static count does; the question sums over every step.")),
+                      hint="after p produced tokens, what does each hold: the oracle's chunk, and the paged "
+                           "request's whole blocks? Add each up over p = 1 to 300."),
     "three-ledgers": Exercise("ledger", notebook="memory_waste", solution=ledger,
                       cases=((100, 300, 50), (40, 100, 25), (32, 10, 0), (100, 290, 288), (100, 290, 290),
                              (100, 290, 288, 32), (19, 58, 0), (19, 58, 0, 256), (10, 6, 6)),

@@ -136,13 +136,15 @@ PREDICTIONS: dict[str, Prediction] = {
                             "(section 2's box)."),
         ),
     ),
-    "alpaca-reserve-max-share": Prediction(
-        "your prediction (% in token states under reserve_max on Alpaca)", "memory_waste", tolerance=0.5,
-        hint="how many slots does reserve_max hold for each request, and how many of them hold a K/V on average "
-             "over the request's life: its prompt, and how much of its output?",
+    "alpaca-paged-waste": Prediction(
+        "your prediction (% of the memory paging does not keep in token states on Alpaca)", "memory_waste",
+        tolerance=0.35,
+        hint="where are a paged request's empty slots, and about how many are there on average? Set them beside the "
+             "tokens an Alpaca request holds on average over its life, not beside ShareGPT's few hundred.",
         mistakes=(
-            (96, "that is roughly the share left unused; the question asks for the share holding token states."),
-            (20.6, "that is ShareGPT's share; Alpaca's requests are far shorter but get the same 2,048 slots."),
+            (100 - 97.0, "that is ShareGPT's waste; an Alpaca request is far shorter, but its last block is as big."),
+            (0, "paging leaves no holes, but a request's last block is partly empty, and some blocks stay free while "
+                "requests wait."),
         ),
     ),
     "block-256-token-share": Prediction(
@@ -154,7 +156,8 @@ PREDICTIONS: dict[str, Prediction] = {
         tolerance=0.1,
     ),
     "budget-doubled-shares": Prediction(
-        "your prediction (the oracle's and paging's token-state shares when the budget doubles: rise, fall or stay)",
+        "your prediction (the oracle's and paging's token-state shares when the budget about doubles: rise, fall or "
+        "stay)",
         "memory_waste",
         hint="doubling the memory about doubles how many requests run at once. Does a request's own waste, as a share "
              "of what it holds, depend on how many others run beside it?",
