@@ -172,3 +172,33 @@ def test_the_hybrid_mode_comes_from_the_controls_and_needs_v1():
     before = viz.settings
     assert viz.reset(version="v0", sliding_window=8) is False and "needs version='v1'" in viz.message
     assert viz.reset(sliding_window=0) is False and viz.settings == before
+
+
+def test_token_budget_draws_each_steps_tokens_against_the_budget():
+    """A v1 run drawn as tokens per step: one bar segment per request and step, chunks hatched, a preemption
+    marked X, the budget a dashed line; the text map says the same numbers."""
+    from pagedkv.errors import PagedKVValueError
+    from pagedkv.v1 import KVCacheManager
+    from pagedkv.v1 import Scheduler as V1Scheduler
+    from pagedkv.viz import draw_token_budget, token_budget_text
+
+    scheduler = V1Scheduler(KVCacheManager(block_size=4, num_gpu_blocks=6), max_num_batched_tokens=16)
+    for name, start, length in (("X", 100, 9), ("Y", 200, 5), ("Z", 300, 7)):
+        scheduler.add_request(name, list(range(start, start + length)), 6)
+    timeline = Timeline()
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        timeline.record(scheduler, out)
+        scheduler.update_from_output(out, dict.fromkeys(scheduler.sampling_request_ids(out), 1))
+    assert timeline.tokens[0] == {"X": 9, "Y": 5} and timeline.total_tokens()[:2] == [14, 2]  # Z waits: the gate
+    ax = draw_token_budget(timeline, budget=16, steps=range(8))
+    assert len(ax.patches) == sum(len(timeline.tokens[s]) for s in range(8))
+    assert [t.get_text() for t in ax.texts] == ["X"]  # Y preempted in step 4
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["X", "Y", "Z", "X: preempted in this step", "the budget: 16 tokens"]
+    text = token_budget_text(timeline, budget=16, steps=range(8)).splitlines()
+    assert text[0].split() == ["step", *map(str, range(8))]
+    assert text[2].split()[:6] == ["Y", "5P", "1D", "1D", "1D", "X"] and text[4].split()[1:3] == ["14", "2"]
+    assert text[-1] == "the largest step holds 14 tokens; the budget is 16"
+    with pytest.raises(PagedKVValueError, match="step numbers"):
+        draw_token_budget(timeline, steps=[99])

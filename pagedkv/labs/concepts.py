@@ -67,15 +67,14 @@ CONCEPTS: dict[str, str] = {
     "preemption": "taking a running request's blocks when the pool runs out, the victim the latest",
     "preemption-recompute": "a victim's blocks freed, its tokens computed again when it is readmitted",
     "swap-recompute-cost": "the cost of a swap against a recompute, by block size (the paper's Fig. 19)",
-    "full-prompt-admission": "0.33 admits a request only if its whole prompt fits (scheduler_reserve_full_isl)",
+    "full-prompt-admission": "0.33 admits a request only if its whole sequence fits, not just its first chunk "
+                             "(scheduler_reserve_full_isl)",
     "recompute-only": "vLLM today preempts by recompute only: no swapped queue",
     # serving: today
     "token-budget": "one max_num_batched_tokens per step over running, then waiting requests: no phases",
     "chunked-prefill": "a prompt computed over several steps, a chunk beside other requests' decodes",
     "num-computed-tokens": "per request, the tokens whose K/V is cached; a step catches it up with num_tokens",
     "beam-search-loop": "today's beam search: one request per beam per step, outside the engine",
-    "partial-hit-cow": "0.33 copying a shared block when a hit ends inside it (prefix_match_unit)",
-    "priority-scheduling": "policy='priority': waiting ordered by (priority, arrival), the victim the largest",
     "cu-seqlens-q": "where each sequence's query rows start in a step's one query tensor (query_start_loc)",
     "causal-offset": "row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys up to it",
     "sliding-window-attention": "a layer whose rows read only the last W keys",

@@ -582,7 +582,7 @@ def _names_evicted_both():
 
 
 # -------------------------------- vllm_today (v1's block pool)
-SYSTEM_PROMPT_V1 = list(range(100, 108))  # notebook 10's 8-token system prompt (section 6)
+SYSTEM_PROMPT_V1 = list(range(100, 108))  # notebook 10's 8-token system prompt
 
 
 def _admit(kv, request_id, prompt):
@@ -594,47 +594,6 @@ def _admit(kv, request_id, prompt):
     if kv.allocate_slots(request, request.num_tokens - num_cached, num_cached, hits) is None:
         return None, num_cached
     return request, num_cached
-
-
-def _scenario_08(until_step: int):
-    """Notebook 10's section 6 on a fresh v1 manager, through step ``until_step``; returns (manager, requests)."""
-    from ..v1 import KVCacheManager
-
-    kv, reqs = KVCacheManager(block_size=4, num_gpu_blocks=10), {}
-    steps = [lambda: reqs.update(P=_admit(kv, "P", SYSTEM_PROMPT_V1 + [1, 2])[0]),
-             lambda: reqs.update(Q=_admit(kv, "Q", SYSTEM_PROMPT_V1 + [3, 4, 5])[0]),
-             lambda: kv.free(reqs["P"]),
-             lambda: kv.free(reqs["Q"]),
-             lambda: reqs.update(S=_admit(kv, "S", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
-             lambda: reqs.update(S2=_admit(kv, "S2", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])[0]),
-             lambda: (kv.free(reqs["S"]), kv.free(reqs["S2"]),
-                      reqs.update(D=_admit(kv, "D", list(range(200, 232)))[0]))]
-    for step in steps[:until_step]:
-        step()
-    return kv, reqs
-
-
-def _returning_prefix():
-    """After notebook 10's step 7, E (the system prompt and S's 5 tokens): tokens the cache finds, and whether
-    it is admitted."""
-    kv, _ = _scenario_08(7)
-    request, num_cached = _admit(kv, "E", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
-    return num_cached, request is not None
-
-
-def _fan_out_vs_fork():
-    """After notebook 10's step 5: blocks in use once S's 3 extra samples are admitted (v1), and blocks in use
-    when 4 forks of S's 13-token prompt share it after the prefill (v0)."""
-    from ..manager import BlockSpaceManager
-
-    kv, _ = _scenario_08(5)
-    for i in range(3):
-        _admit(kv, f"S{i + 2}", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
-    v0 = BlockSpaceManager(4, 10, watermark=0.0)
-    v0.allocate("S", SYSTEM_PROMPT_V1 + [6, 7, 8, 9, 10])
-    for i in range(3):
-        v0.fork("S", f"S{i + 2}")
-    return kv.num_gpu_blocks - kv.num_free_blocks, 10 - v0.num_free_gpu_blocks
 
 
 # --------------------------------------------------- scheduler
@@ -754,18 +713,52 @@ def _second_prompt_first_token_step():
             return step
 
 
-def _fan_out_on_a_capped_hit():
-    """v1, block 16, a 32-token prompt with n=3 on a fresh engine: prompt tokens computed in the first step, and
-    blocks held after it."""
-    from ..engine import LLMEngine
-    from ..sampling import SamplingParams
+def _story_first_tokens(long_prefill_token_threshold: int = 4):
+    """Notebook 10's story (12 blocks of 4, a budget of 8; A and B first, R after step 1) with a cap on each chunk:
+    the steps in which A and R sample their first tokens."""
+    from ..scheduler import stand_in_model
+    from ..v1 import KVCacheManager, Scheduler
 
-    model, _ = _tiny()
-    engine = LLMEngine(model, version="v1", num_gpu_blocks=16, block_size=16)
-    engine.add_request("r", list(range(32)), SamplingParams(n=3, seed=0, max_tokens=2))
-    engine.step()
-    return engine.stats.num_computed_tokens, engine.snapshot().num_used()
+    s = Scheduler(KVCacheManager(block_size=4, num_gpu_blocks=12), max_num_batched_tokens=8,
+                  long_prefill_token_threshold=long_prefill_token_threshold)
+    s.add_request("A", SYSTEM_PROMPT_V1 + [1, 2, 3], 16)
+    s.add_request("B", [50, 51, 52, 53, 54], 12)
+    first, step = {}, 0
+    while "R" not in first:
+        if step == 2:
+            s.add_request("R", SYSTEM_PROMPT_V1 + list(range(200, 214)), 8)
+        out = s.schedule()
+        sampled = s.sampling_request_ids(out)
+        for request_id in sampled:
+            first.setdefault(request_id, step)
+        s.update_from_output(out, {r: stand_in_model(s.requests[r].all_token_ids) for r in sampled})
+        step += 1
+    return first["A"], first["R"]
 
+
+def _preempted_and_back(enable_caching: bool = True):
+    """v1, 6 blocks of 4, a budget of 16: X (9 prompt tokens), Y (5) and Z (7), sharing nothing, arrive together,
+    6 new tokens each. The first request preempted, the step it is preempted in, the step it is admitted again,
+    and the tokens the prefix cache serves it then."""
+    from ..scheduler import stand_in_model
+    from ..v1 import KVCacheManager, Scheduler
+
+    s = Scheduler(KVCacheManager(block_size=4, num_gpu_blocks=6, enable_caching=enable_caching),
+                  max_num_batched_tokens=16)
+    for name, start, length in (("X", 100, 9), ("Y", 200, 5), ("Z", 300, 7)):
+        s.add_request(name, list(range(start, start + length)), 6)
+    victim = preempted_in = None
+    step = 0
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        if victim is None and out.preempted_req_ids:
+            victim, preempted_in = out.preempted_req_ids[0], step
+        if victim in out.scheduled_new_reqs:
+            return victim, preempted_in, step, s.requests[victim].num_cached_tokens
+        sampled = s.sampling_request_ids(out)
+        s.update_from_output(out, {r: stand_in_model(s.requests[r].all_token_ids) for r in sampled})
+        step += 1
+    raise AssertionError("nobody was preempted and admitted again, as the exercise's text says")
 
 
 # --------------------------------------------- hybrid_kv_cache
@@ -1281,23 +1274,28 @@ EXERCISES: dict[str, Exercise] = {
                       notebook="vllm_today", expected=_second_prompt_first_token_step,
                       hint="running requests go first, in the order they were admitted, so A's chunks come before B "
                            "gets anything; once A has sampled it is one more decode, one token a step."),
-    "fan-out-capped-hit": Exercise("(prompt tokens computed, blocks held)",
-                      notebook="vllm_today", expected=_fan_out_on_a_capped_hit,
-                      hint="the first child caches its full blocks as it allocates them; the others hit them, but a "
-                           "hit is capped at num_tokens - 1, rounded down to whole blocks, and what is not hit is "
-                           "computed into blocks of their own.",
-                      mistakes=((lambda: (32, 2), "the later children cannot hit the whole prompt: a hit stops "
-                                                  "at num_tokens - 1 tokens, in whole blocks."),)),
-    "v1-prefix-comeback": Exercise("(tokens from the cache, admitted)",
-                      notebook="vllm_today", expected=_returning_prefix,
-                      hint="a hit needs every block before it cached too; which of S's full blocks did D's allocation "
-                           "evict? Then count the free blocks E would need beside its hits."),
-    "fan-out-vs-fork": Exercise("(v1 blocks in use, v0 blocks in use)",
-                      notebook="vllm_today", expected=_fan_out_vs_fork,
-                      hint="v1: each extra sample hits every full block and needs one private block for its partly "
-                           "filled last one; v0: a fork shares every block, the partly filled one too, until a write.",
-                      mistakes=((lambda: (7, 7), "the forks were given private last blocks: in v0 they share the "
-                                                 "partly filled block too, until one of them writes."),)),
+    "story-with-a-chunk-cap": Exercise("(the step A first samples in, the step R first samples in)",
+                      notebook="vllm_today", expected=_story_first_tokens,
+                      hint="the cap applies to every request's chunk, running or waiting, in any step that begins with "
+                           "more than one request running or waiting; a decode is 1 token, under any cap. Walk the "
+                           "budget step by step from step 0.",
+                      mistakes=((lambda: (1, 5), "at step 0 A and B are both waiting: the cap is lifted only for a "
+                                                 "request that is alone."),
+                                (lambda: (2, 4), "R's chunks are capped too: more than one request is running in "
+                                                 "each of its steps."))),
+    "preempted-and-back": Exercise("(victim, step preempted in, step admitted again, tokens from the cache)",
+                      notebook="vllm_today", expected=_preempted_and_back,
+                      hint="start with the gate in step 0: whose whole sequence fits beside the others'? Then count "
+                           "each running request's slots step by step. When one needs a block and none is free, who "
+                           "is last in running? Its full blocks are named when freed: who takes blocks before it comes "
+                           "back, and how many free blocks does its return need?",
+                      mistakes=((lambda: ("Z", 2, 6, 0), "Z arrived last, but is it running? The gate looks at its "
+                                                         "whole sequence, not the chunk the budget leaves it."),
+                                (lambda: ("Y", 4, 5, 8), "Y's hits sit in the free queue: they count against the "
+                                                         "free blocks, beside the one new block it needs."),
+                                (lambda: _preempted_and_back(enable_caching=False),
+                                 "Y's full blocks keep their names in the free queue until they are handed out: "
+                                 "does anyone take a block while Y waits?"))),
     "chunk-keys-read": Exercise("(keys read, causal; keys read, window 30)",
                       notebook="unified_attention", expected=_chunk_keys_read,
                       hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "

@@ -53,6 +53,19 @@ def _tile_bytes(rows) -> tuple:
     return kv_bytes["decode"], kv_bytes["prefill"], next(t for t in ("decode", "prefill") if issue[t] > 1)
 
 
+def _more_preemptions_and_why(preempted: dict) -> tuple:
+    """Notebook 10's admission at scale: which of v0 (recompute) and today preempts more often, from the run's
+    counts; and the setting behind it: ``"watermark"`` if v0 with its watermark at today's default (0) preempts
+    exactly as often as today on the same workload (one more run of the notebook's simulation), else None."""
+    from ..sim import simulate
+
+    today, v0 = preempted["today"], preempted["v0 recompute"]
+    which = "same" if today == v0 else "today" if today > v0 else "v0"
+    v0_no_watermark = simulate(policy="paged", workload="sharegpt", num_requests=200, block_size=16,
+                               budget_tokens=8192, progress=False, watermark=0.0)
+    return which, "watermark" if v0_no_watermark.preemptions == today else None
+
+
 PREDICTIONS: dict[str, Prediction] = {
     # ----------------------------------- block_size_arithmetic
     "mqa-times-smaller": Prediction(
@@ -675,16 +688,19 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "chunked-prefill-sample-step": Prediction(
-        "your prediction (the step R samples in)", "vllm_today",
-        hint="R has 22 - 14 tokens left after step 2; each step, the decodes take 2 of the 8.",
+        "your prediction (the step R samples in, the tokens that step holds)", "vllm_today",
+        hint="R has 22 - 14 tokens left after step 2; each step, the decodes take 2 of the 8. Is anyone left to take "
+             "what R does not need?",
         mistakes=(
-            (3,
+            ((3, 8),
              "step 3 has room for 6 of R's 8 remaining tokens: R samples only when its chunk reaches its last token."),
+            ((4, 8), "the budget is a cap, not a quota: with nobody waiting, what R does not need stays unused."),
         ),
     ),
     "first-preemption-victim": Prediction(
         "your prediction (victim, blocks still cached)", "vllm_today",
-        hint="who is last in running? Count the victim's tokens: which of its own blocks are full?",
+        hint="first come, first served: which of the three does that order protect least? Count the victim's tokens: "
+             "which of its own blocks are full?",
         mistakes=(
             (("A", 4), "A arrived first: first come, first served protects it; the last to arrive goes first."),
             (("R", 3), "R had 24 computed tokens: its last block was full, named, when it was freed."),
@@ -694,13 +710,34 @@ PREDICTIONS: dict[str, Prediction] = {
     "readmission-after-preemption": Prediction(
         "your prediction (step, tokens from the cache)", "vllm_today",
         hint="R needs 7 blocks for 25 tokens; its hits that sit in the free queue count against the free blocks too."
-             " And which end of the queue do A and B take their new blocks from?",
+             " Which end of the queue do A and B take their new blocks from, and in which step does one of them "
+             "reach its max_tokens?",
         mistakes=(
             ((8, 24),
              "all of R's blocks were cached at step 8, but 25 tokens need 7 blocks: 6 hits, 4 of them free-queue "
              "blocks, and 1 new: 5 free blocks, and 4 were free."),
             ((13, 24), "A and B took blocks from the head of the queue while R waited: whose blocks were there?"),
             ((13, 8), "only the blocks handed out were evicted; R's first two own blocks were still at the tail."),
+            ((17, 16), "B, with 12 tokens to generate, finishes before A does."),
+        ),
+    ),
+    "gate-hits-from-the-queue": Prediction(
+        "your prediction (S's block table, free blocks after)", "vllm_today",
+        hint="a hit on a free block takes it out of the free queue, as a new block would; and only the chunk's "
+             "slots are allocated now.",
+        mistakes=(
+            (([0, 1, 7], 4), "blocks 0 and 1 were free: a hit takes them out of the free queue, so they are not "
+                             "free any more."),
+            (([0, 1, 7, 8], 1), "the gate checks the whole sequence, but allocates only the chunk's slots."),
+        ),
+    ),
+    "gate-whole-sequence": Prediction(
+        "your prediction (tokens from the cache, admitted)", "vllm_today",
+        hint="E's hits are held by S: they cost no free block. How many blocks do all of E's tokens need beside "
+             "them, and how many are free?",
+        mistakes=(
+            ((8, True), "the chunk fits, but the gate asks whether E's whole sequence fits."),
+            ((0, False), "S holds the system prompt's blocks, full and named: E can share them."),
         ),
     ),
     "full-isl-gate-preemptions": Prediction(
@@ -712,43 +749,29 @@ PREDICTIONS: dict[str, Prediction] = {
             ((0, 0), "without the gate a first chunk is admitted wherever it fits: do the later chunks still fit?"),
         ),
     ),
-    "more-preemptions-at-scale": Prediction(
-        "your prediction (which preempts more often)", "vllm_today",
-        hint="compare the two admissions' defaults in section 7's table: which one holds blocks back, and so starts "
-             "fewer requests into the same pool?",
+    "preemption-three-ways": Prediction(
+        "your prediction (all three preempt equally often, the ones that compute tokens twice)", "vllm_today",
+        hint="a preemption happens when a running request needs a block and none is free: does the way a victim is "
+             "put aside change when the pool fills? Then: which way keeps a victim's K/V?",
         mistakes=(
-            ("same", "the preemption rules match, but do the admissions? Look at what each keeps free."),
+            ((False, {"v0 recompute", "today"}),
+             "a preemption comes when a running request needs a block and none is free; how a victim is put "
+             "aside does not change when that happens."),
+            ((True, {"today"}), "v0 in recompute mode throws the victim's K/V away too."),
+            ((True, {"v0 swap", "v0 recompute", "today"}), "swap copies the victim's K/V out and back: nothing is "
+                                                           "computed twice."),
         ),
     ),
-    "pool-table-p": Prediction(
-        "P's block table", "vllm_today",
-        hint="blocks come from the head of the free queue, in order.",
-    ),
-    "pool-table-q": Prediction(
-        "Q's block table", "vllm_today",
-        hint="which of P's blocks are full and named? Q shares those; the rest comes from the head of the queue.",
-    ),
-    "pool-queue-after-step-3": Prediction(
-        "the queue's first three", "vllm_today",
-        hint="a block returns only when its ref count falls to 0; one without a hash goes to the head.",
-    ),
-    "pool-queue-after-frees": Prediction(
-        "the free queue", "vllm_today",
-        hint="last block first: unnamed blocks to the head, named ones to the tail.",
-    ),
-    "pool-table-s": Prediction(
-        "S's block table", "vllm_today",
-        hint="a free block that still has its name can be hit and taken back out of the queue; new blocks come from "
-             "the head.",
-    ),
-    "pool-table-s2": Prediction(
-        "S2's block table", "vllm_today",
-        hint="every full block of S is named; the partly filled last one is not.",
-    ),
-    "pool-table-d": Prediction(
-        "D's block table", "vllm_today",
-        hint="write the queue after both frees first (last block first, head or tail by hash), then take 8 from its "
-             "head.",
+    "more-preemptions-at-scale": Prediction(
+        "your prediction (which preempts more often, the setting that makes the difference)", "vllm_today",
+        hint="with no chunks and no prefix caching, compare the two admissions in section 7's table: which one holds "
+             "blocks back, and so starts fewer requests into the same pool?",
+        mistakes=(
+            (("same", None), "the preemption rules match, but do the admissions? Look at what each keeps free."),
+            (("today", "scheduler_reserve_full_isl"), "with no chunks, v0 admitted a prompt only if all of it fit "
+                                                      "too: the gate changes nothing here."),
+        ),
+        from_run=_more_preemptions_and_why,
     ),
 
     # ----------------------------------- unified_attention

@@ -9,6 +9,7 @@ from .scheduler_widget import SchedulerVisualizer
 from .slot_mapping import draw_slots, render_slots, slot_mapping
 from .tiers import block_names, draw_tiers, render_tiers
 from .timeline import Timeline, draw_timeline
+from .token_budget import draw_token_budget, token_budget_text
 from .trace import Trace, TraceRecorder, load_trace, record_engine, record_scheduler
 from .trace_widget import TracePlayer
 from .visualizer import BlockTableVisualizer, counters
@@ -16,6 +17,6 @@ from .visualizer import BlockTableVisualizer, counters
 __all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "Trace", "TracePlayer",
            "TraceRecorder", "add_block_map_key", "align_panels", "async_timeline_text", "block_names", "compact_png",
            "counters", "draw_async_timeline", "draw_block_map", "draw_free_queues", "draw_slots", "draw_sync_and_async",
-           "draw_tiers", "draw_timeline", "forward_idle", "free_queues_text", "key_beside", "key_below", "load_trace",
-           "record_engine", "record_scheduler", "render_slots", "render_tiers", "seq_colors", "slot_mapping",
-           "step_spans_text"]
+           "draw_tiers", "draw_timeline", "draw_token_budget", "forward_idle", "free_queues_text", "key_beside",
+           "key_below", "load_trace", "record_engine", "record_scheduler", "render_slots", "render_tiers", "seq_colors",
+           "slot_mapping", "step_spans_text", "token_budget_text"]

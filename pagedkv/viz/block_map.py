@@ -219,7 +219,8 @@ def _cell(ax, b, x, y, block_size, colors, fills, labels, is_null=False, ref_cou
             fills.add(x + i * stripe, y + CELL - filled, stripe, filled, color)  # slots holding tokens
     if not labels:
         return
-    # Three rows of text fit a cell: id (top left), #n or xN (middle), hash (bottom); 8 pt reads at README width.
+    # Text in a cell: id (top left), xN (top right), #n or ref N (middle), hash (bottom, black on a white patch, so
+    # it reads on any fill); 8 pt reads at README width.
     ax.text(x + 0.04, y + 0.04, str(b.block_id), fontsize=8, va="top", zorder=4)
     if b.is_free:
         ax.text(x + 0.5, y + 0.5, f"#{b.free_position}", fontsize=8, ha="center", va="center", color="#555555",
@@ -228,9 +229,11 @@ def _cell(ax, b, x, y, block_size, colors, fills, labels, is_null=False, ref_cou
         ax.text(x + 0.5, y + 0.5, f"ref {b.ref_count}", fontsize=8, ha="center", va="center", weight="bold",
                 zorder=4)
     elif b.ref_count > 1:
-        ax.text(x + 0.5, y + 0.5, f"x{b.ref_count}", fontsize=9, ha="center", va="center", weight="bold", zorder=4)
+        ax.text(x + CELL - 0.04, y + 0.04, f"x{b.ref_count}", fontsize=8, ha="right", va="top", weight="bold",
+                zorder=4)
     if b.block_hash:
-        ax.text(x + 0.45, y + 0.86, b.block_hash[:4], fontsize=8, ha="center", color="#333333", zorder=4)
+        ax.text(x + 0.45, y + 0.8, b.block_hash[:4], fontsize=8, ha="center", va="center", color="black", zorder=4,
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
 
 
 def _table_rows(state) -> list[tuple]:

@@ -27,10 +27,11 @@ STATES = {
 
 @dataclass
 class Timeline:
-    """Per step, the state of every request the scheduler knew about then."""
+    """Per step, the state of every request the scheduler knew about then, and the tokens each was scheduled."""
 
     requests: list = field(default_factory=list)  # request ids in order of first appearance
     steps: list = field(default_factory=list)  # one {request_id: state} per step
+    tokens: list = field(default_factory=list)  # one {request_id: tokens scheduled} per step (draw_token_budget)
 
     def record(self, scheduler, out) -> None:
         """Call right after ``scheduler.schedule()`` (v0's or v1's): reads the queues and the step's outputs."""
@@ -42,7 +43,7 @@ class Timeline:
         states.update(dict.fromkeys(out.decodes, "decode"))
         states.update(dict.fromkeys(out.preempted, "preempted"))
         states.update(dict.fromkeys(out.ignored, "ignored"))
-        self._append(scheduler, states)
+        self._append(scheduler, states, {**{r: len(t) for r, t in out.prefills}, **dict.fromkeys(out.decodes, 1)})
 
     def _record_v1(self, scheduler, out) -> None:
         """v1 has no phases: a request whose chunk ends its tokens samples (a decode, or a prefill's last
@@ -55,13 +56,18 @@ class Timeline:
             else:
                 states[request_id] = "decode" if num_tokens == 1 and request.output_token_ids else "prefill"
         states.update(dict.fromkeys(out.preempted_req_ids, "preempted"))
-        self._append(scheduler, states)
+        self._append(scheduler, states, dict(out.num_scheduled_tokens))
 
-    def _append(self, scheduler, states: dict) -> None:
+    def _append(self, scheduler, states: dict, tokens: dict) -> None:
         for request_id in [*scheduler.requests, *states]:  # rows in order of arrival
             if request_id in states and request_id not in self.requests:
                 self.requests.append(request_id)
         self.steps.append(states)
+        self.tokens.append(tokens)
+
+    def total_tokens(self) -> list[int]:
+        """Each step's scheduled tokens, every request's together (v1: ``total_num_scheduled_tokens``)."""
+        return [sum(tokens.values()) for tokens in self.tokens]
 
     def row(self, request_id) -> str:
         return "".join(STATES[s[request_id]][0] if request_id in s else " " for s in self.steps)
