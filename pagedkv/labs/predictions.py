@@ -53,6 +53,13 @@ def _tile_bytes(rows) -> tuple:
     return kv_bytes["decode"], kv_bytes["prefill"], next(t for t in ("decode", "prefill") if issue[t] > 1)
 
 
+def _step_grid(grid) -> tuple:
+    """Notebook 11's launch of section 5's step, from ``kernel_figures.unified_grid`` (``cuda_unified.launch_plan``
+    and, per tile, ``tile_owner``): queries a tile, query tiles, programs, and the first spare tile."""
+    tiles, kv_heads, segments = grid.plan.grid
+    return grid.plan.block_q, tiles, tiles * kv_heads * segments, grid.tiles.index(None)
+
+
 def _more_preemptions_and_why(preempted: dict) -> tuple:
     """Notebook 10's admission at scale: which of v0 (recompute) and today preempts more often, from the run's
     counts; and the setting behind it: ``"watermark"`` if v0 with its watermark at today's default (0) preempts
@@ -820,6 +827,25 @@ PREDICTIONS: dict[str, Prediction] = {
             ((16, 17), "the three decodes take their tokens of the 16 first, in the prompt's first step too."),
             ((13, 13), "a row reads its own key too: keys 0 to its position."),
             ((13, 26), "the mask cuts the keys after the row's position, though this step wrote them."),
+        ),
+    ),
+    "step-grid": Prediction(
+        "your prediction (section 5's launch: BLOCK_Q, query tiles, programs, the spare tile)", "unified_attention",
+        from_run=_step_grid,
+        hint="a tile holds BLOCK_M = 16 (query, head) pairs for one KV head: how many query heads share a KV head "
+             "here? The bound on tiles uses only the step's rows and its sequences, and each tile runs once per KV "
+             "head. Sequence s's tiles start at cu_seqlens_q[s] // BLOCK_Q + s: which tile does no sequence's rows "
+             "reach?",
+        mistakes=(
+            ((16, 16 // 16 + 4, (16 // 16 + 4) * 2, 4),
+             "BLOCK_M counts (query, head) pairs: a tile's 16 rows hold every query head of its KV head for each "
+             "query."),
+            ((4, 16 // 4 + 4, (16 // 4 + 4) * 2, 7),
+             "BLOCK_Q divides 16 by the query heads per KV head, not by all the query heads."),
+            ((8, 16 // 8, 16 // 8 * 2, None),
+             "a tile never holds rows of two sequences: the bound adds one tile per sequence for that."),
+            ((8, 16 // 8 + 4, 16 // 8 + 4, 5), "the grid's second axis is the KV heads: each tile runs once per "
+                                               "KV head."),
         ),
     ),
 

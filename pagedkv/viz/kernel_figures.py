@@ -490,11 +490,18 @@ def chunk_reads_text(cu_seqlens_q, seq_lens, block_tables, block_size: int, slid
 PAST_END = "#E4E4E4"  # a key position past a sequence's seq_len: no key there
 
 
+# pages by id, without Tol's light blues (too close to Okabe-Ito's sky blue beside them)
+PAGE_PALETTE = [c for c in PALETTE if c not in ("#88CCEE", "#77AADD")]
+UNREAD = "#F6D5D5"  # a key cut by the mask on a page no row reads: held, never read
+
+
 def chunk_reads_figure(cu_seqlens_q, seq_lens, block_tables, block_size: int, sliding_window=None, ax=None):
     """Query rows (down) against key positions (across): a cell a row reads is coloured by the page it sits in,
-    numbered where the row enters the page; a key of the sequence the mask cuts is hatched, a position past the
+    numbered where the row enters the page; a key of the sequence the mask cuts is hatched, on a pink tint and
+    numbered where its page is one no row reads (held, never read: a window's old pages); a position past the
     sequence's end grey; a black frame marks each row's own position."""
     rows = chunk_reads(cu_seqlens_q, seq_lens, sliding_window)
+    unread = set(unread_pages(cu_seqlens_q, seq_lens, block_tables, block_size, sliding_window))
     width = int(max(seq_lens))
     if ax is None:
         _, ax = plt.subplots(figsize=(0.42 * width + 2.6, 0.42 * len(rows) + 1.4))
@@ -508,14 +515,18 @@ def chunk_reads_figure(cu_seqlens_q, seq_lens, block_tables, block_size: int, sl
                 continue
             page = table[j // block_size]
             if j in r["keys"]:
-                color = PALETTE[page % len(PALETTE)]
+                color = PAGE_PALETTE[page % len(PAGE_PALETTE)]
                 pages_seen[page] = color
                 ax.add_patch(Rectangle((j, y), 1, 1, facecolor=color, edgecolor="white", linewidth=0.8))
                 if j == r["keys"][0] or j % block_size == 0:  # the page's number where the row enters it
-                    ax.text(j + 0.5, y + 0.5, str(page), ha="center", va="center", fontsize=6.5, color=_ink(color))
+                    ax.text(j + 0.5, y + 0.5, str(page), ha="center", va="center", fontsize=7.5, fontweight="bold",
+                            color=_ink(color))
             else:
-                ax.add_patch(Rectangle((j, y), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///",
-                                       linewidth=0.5))
+                ax.add_patch(Rectangle((j, y), 1, 1, facecolor=UNREAD if page in unread else "white",
+                                       edgecolor="#BBBBBB", hatch="///", linewidth=0.5))
+                if page in unread and j % block_size == 0:
+                    ax.text(j + 0.5, y + 0.5, str(page), ha="center", va="center", fontsize=7.5, fontweight="bold",
+                            color="#8B1A1A")
         ax.add_patch(Rectangle((r["position"] + 0.06, y + 0.06), 0.88, 0.88, facecolor="none", edgecolor="black",
                                linewidth=1.3))
     for s in range(1, len(seq_lens)):  # sequence boundaries in the flat batch
@@ -529,6 +540,10 @@ def chunk_reads_figure(cu_seqlens_q, seq_lens, block_tables, block_size: int, sl
                   [f"row {r['row']}: seq {r['seq']}, pos {r['position']}" for r in rows], fontsize=8)
     ax.set_xlabel(f"key position (dotted lines: block boundaries every {block_size} tokens)")
     handles = [Rectangle((0, 0), 1, 1, facecolor=c, label=f"page {p}") for p, c in sorted(pages_seen.items())]
+    if unread:
+        handles.append(Rectangle((0, 0), 1, 1, facecolor=UNREAD, edgecolor="#BBBBBB", hatch="///",
+                                 label=f"page{'s' if len(unread) > 1 else ''} {', '.join(map(str, sorted(unread)))}: "
+                                       "held, never read"))
     handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///",
                              label="cut by the mask"))
     handles.append(Rectangle((0, 0), 1, 1, facecolor=PAST_END, edgecolor="#BBBBBB", label="past its seq_len"))
