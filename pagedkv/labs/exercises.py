@@ -622,28 +622,22 @@ def _swap_crossover_block_size():
 
 
 def _v0_swap_back_steps():
-    """Notebook 09's swap run (section 5) under vLLM 0.6.3's ``_schedule_default`` with ``--preemption-mode swap``:
-    the steps at which r2 and r1 run again. The two runs agree up to step 5. From there 0.6.3 swaps in from the
-    head of ``swapped``, kept in the order the requests left (``self.swapped.extend``), and its ``can_swap_in``
-    asks, as pagedkv's ``_schedule_swapped`` does, for the request's blocks and its newest token's slot. So this is
-    pagedkv's own scheduler with its swapped queue put back, after every step, in the order the requests left."""
-    from ..manager import BlockSpaceManager
-    from ..scheduler import Scheduler
+    """Notebook 09's swap run (section 5) under vLLM 0.6.3's ``_schedule_default`` with ``--preemption-mode swap``
+    on its default block manager (v2), replayed by ``v063_replay`` (its rules are listed there): the first step at
+    which r2, and then r1, runs again after it is swapped out."""
+    from .v063_replay import Replay063
 
-    manager = BlockSpaceManager(block_size=2, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
-    scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode="swap")
+    replay = Replay063(block_size=2, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0, preemption_mode="swap",
+                       max_num_seqs=4, max_num_batched_tokens=16)
     for name in ("r0", "r1", "r2"):
-        scheduler.add_request(name, [7, 7], max_tokens=6)
-    left, back, step = [], {}, 0  # left: in the order swapped out; back: request -> the step it runs again
-    while scheduler.has_unfinished_requests():
-        before = set(scheduler.swapped)
-        out = scheduler.schedule()
-        left += out.swapped_out
-        back.update(dict.fromkeys(before - set(scheduler.swapped), step))
-        scheduler.update(out, {r: 1 for r in out.scheduled})
-        scheduler._swapped.sort(key=lambda r: left.index(r.request_id))  # 0.6.3's order: first out, first in
-        step += 1
-    return back["r2"], back["r1"]
+        replay.add_request(name, prompt_len=2, max_tokens=6)
+    steps = replay.run()
+
+    def back(name):
+        out = next(i for i, step in enumerate(steps) if name in step.swapped_out)
+        return next(i for i, step in enumerate(steps) if i > out and name in step.scheduled)
+
+    return back("r2"), back("r1")
 
 
 # --------------------------------------------------- tiny_vllm
@@ -1247,10 +1241,12 @@ EXERCISES: dict[str, Exercise] = {
                            "head) row does V start?"),
     "preemption-victim": Exercise("(preempted this step, still running)", notebook="scheduler",
                       expected=_preemption_replay,
-                      hint="walk the running requests oldest first; each one that needs a block takes the tail's, "
-                           "and one that is the tail itself has nobody left to take from.",
-                      mistakes=((lambda: (2, ["q4", "q1", "q3"]), "a request cannot skip a step without a block: "
-                                                                  "the one that is the tail is its own victim."),)),
+                      hint="in which order does the scheduler walk the running requests, and whose blocks does "
+                           "each one that needs a block take? What is left to take when the one that needs a block "
+                           "is the last one left in the queue?",
+                      mistakes=((lambda: (2, ["q4", "q1", "q3"]), "can a request that gets no block skip the step "
+                                                                  "and keep its own blocks? Whom can the last one "
+                                                                  "left take from?"),)),
     "swap-crossover-block-size": Exercise("crossover block size",
                       notebook="scheduler", expected=_swap_crossover_block_size,
                       hint="recompute's cost does not depend on the block size; a swap pays the bytes once and a "
@@ -1258,18 +1254,22 @@ EXERCISES: dict[str, Exercise] = {
                            "for the number of blocks first, then turn blocks into a block size."),
     "v0-swap-back-steps": Exercise("(the step r2 runs again, the step r1 runs again)",
                       notebook="scheduler", expected=_v0_swap_back_steps,
-                      hint="0.6.3's swapped queue: who is at its head after step 5? Count the blocks each needs to "
-                           "come back against the free ones, step by step: its blocks, and one block more when its "
-                           "last block is full, since its newest token then starts a new one. A request that runs "
-                           "grows, and one that finishes gives all its blocks back.",
-                      mistakes=((lambda: (7, 6), "that is pagedkv's run, which swaps back in by arrival: in which "
-                                                 "order does 0.6.3 read its swapped queue?"),
-                                (lambda: (6, 6), "can both come back in one step? Count each one's blocks, its "
-                                                 "newest token's included, against the free ones."),
-                                (lambda: (6, 7), "count r1's blocks with its newest token's, against the blocks free "
-                                                 "in each step while r2 runs."),
-                                (lambda: (6, 8), "count r1's blocks with its newest token's, against the blocks free "
-                                                 "in each step while r2 runs, r2's growth included."))),
+                      hint="go step by step from step 0. Before a running request's next token, what does 0.6.3's "
+                           "can_append_slots ask for: the blocks the token needs, or one free block for every block "
+                           "it touches, whatever room its last block has? When that fails, who is swapped out? In a "
+                           "step that swapped nobody out, what does can_swap_in count for the head of the swapped "
+                           "queue: its blocks, and a block more only when its last block is full? And when does a "
+                           "finished request give its blocks back?",
+                      mistakes=((lambda: (6, 9), "does 0.6.3's can_append_slots count the blocks a running "
+                                                 "request's next token needs, or the blocks its append touches? "
+                                                 "What does that make of a step in which no block is free?"),
+                                (lambda: (7, 6), "that is pagedkv's run: does 0.6.3 count a running request's next "
+                                                 "block, and read its swapped queue, as pagedkv does?"),
+                                (lambda: (6, 6), "in which order does 0.6.3 read its swapped queue? And what does "
+                                                 "v2's can_swap_in count for a request whose last block has room?"),
+                                (lambda: (5, 5), "can both come back in one step? Count what can_swap_in asks of "
+                                                 "each against the blocks still free once the running requests "
+                                                 "have their slots."))),
     "chunked-first-token-step": Exercise("the step in which B samples its first token",
                       notebook="vllm_today", expected=_second_prompt_first_token_step,
                       hint="running requests go first, in the order they were admitted, so A's chunks come before B "
