@@ -132,6 +132,19 @@ PREDICTIONS: dict[str, Prediction] = {
     ),
 
     # ----------------------------------- memory_waste
+    "oracle-chunk-share": Prediction(
+        "your prediction (% of request 0's oracle chunk in token states, on average over its decode steps)",
+        "memory_waste", tolerance=0.05,
+        hint="what does the chunk hold after its first decode step, what after its last, and how much does each step "
+             "add in between?",
+        mistakes=(
+            (100 * 120 / 449, "that is the chunk at admission, its prompt alone; each decode step fills one more of "
+                              "its slots."),
+            (50, "the chunk does not start empty: the prompt's tokens are in it from admission on."),
+            (100, "the chunk is full only after its last token; until then some of its slots wait for tokens to "
+                  "come."),
+        ),
+    ),
     "fig2-oracle-share": Prediction(
         "your prediction (% of the memory in token states under the oracle)", "memory_waste", tolerance=0.1,
         hint="start from how full the oracle's chunks are over their lives (section 2), then take away the memory "
