@@ -1052,9 +1052,9 @@ EXERCISES: dict[str, Exercise] = {
                                  "Mamba state needs more tokens."),
                                 (lambda: _jamba_fp8_block_size(alignment=1), "0.33 keeps block_size a multiple of the "
                                  "attention kernel's block, 16 here, as in section 5.")),
-                      hint="which of the two pages does fp8 change, and by how much? Then redo section 5's steps: "
-                           "the smallest multiple of 16 tokens whose attention page holds the Mamba state, and what "
-                           "that page has left over."),
+                      hint="what does --kv-cache-dtype apply to, and what does that do to each of the two pages? "
+                           "Then redo section 5's steps: the smallest multiple of 16 tokens whose attention page holds "
+                           "the Mamba state, and what that page has left over."),
     "pow2-buddy-never-used": Exercise("(mean share never used under the paper's Pow2: placed first fit, under a "
                       "buddy allocator)", notebook="memory_waste", expected=_pow2_never_used, tolerance=0.005,
                       mistakes=((lambda: _pow2_never_used("reserve_pow2"), "you rounded the whole length up to a power "
