@@ -53,7 +53,7 @@ WRONG = {
     "13": ("e1 = ((1, 2, 3), 16)", "e1 = ((1, 2), 12)"),  # kept only the default's names (interval 0)
     "14": ("e1 = (3, 29, 1)", "e1 = (2, 29, 1)"),  # gave the drafts' block back at the rollback
     "15": ("e1 = (8, 12, 1)", "e1 = (8, 8, 4)"),  # capped the CPU tier's hit at num_tokens - 1
-    "16": ("e1 = (33, 32)", "e1 = (32, 32)"),  # forgot the step scheduled before the EOS came back
+    "16": ("e1 = (33, 3, 32, 2)", "e1 = (32, 2, 32, 2)"),  # forgot the step scheduled before the EOS came back
 }
 
 

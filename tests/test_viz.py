@@ -526,3 +526,27 @@ def test_free_queues_side_by_side():
     assert len(ax.get_legend().get_texts()) == 3
     with pytest.raises(PagedKVValueError, match="not among the queues"):
         draw_free_queues(rows, {"other": {2}})
+
+
+def test_placeholder_slots_show_the_slot_given_to_a_token_nobody_has_seen():
+    """Notebook 16's strip, read off AsyncScheduler: after step 1 is scheduled, position 7 (step 0's token) has a slot
+    and position 8 (step 1's) has none yet; the marks count num_output_placeholders."""
+    from pagedkv.errors import PagedKVValueError
+    from pagedkv.v1 import AsyncScheduler, KVCacheManager
+    from pagedkv.viz import draw_placeholder_slots, placeholder_slots_text
+    from pagedkv.viz.placeholder_slots import PLACEHOLDER
+
+    s = AsyncScheduler(KVCacheManager(block_size=4, num_gpu_blocks=8, enable_caching=False))
+    s.add_request("r", [1, 2, 3, 4, 5, 6, 7], 10)
+    moments = []
+    for when in ("step 0", "step 1"):
+        s.schedule()
+        r = s.requests["r"]
+        moments.append((when, r.num_tokens, r.num_output_placeholders, s.kv_cache_manager.num_slots["r"]))
+    assert placeholder_slots_text(moments, 4).splitlines()[:2] == ["step 0  ####|###o", "step 1  ####|###? o"]
+    ax = draw_placeholder_slots(moments, 4)
+    filled = [p for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb(PLACEHOLDER)]
+    assert len(filled) == 1 and [t.get_text() for t in ax.texts] == ["?", "?", "?"]
+    assert len(ax.get_legend().get_texts()) == 4
+    with pytest.raises(PagedKVValueError, match="known tokens but"):
+        placeholder_slots_text([("sync, after an update", 8, 0, 7)], 4)

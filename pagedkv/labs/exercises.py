@@ -891,32 +891,36 @@ def _cached_after_verify(accepted_counts=(2, 3), named_up_to: str = "num_compute
 
 # -------------------------------------------------- async_scheduling
 def _async_tokens_computed():
-    """Async scheduling (a queue of two steps), block size 16: A (30-token prompt, max_tokens=100) samples EOS as
-    its 3rd token; B (30-token prompt, max_tokens=3) has no stop token. The tokens the model computes for each,
-    thrown-away ones included, replayed on AsyncScheduler with the engine's loop."""
+    """Async scheduling (a queue of two steps), block size 16, no prefix caching: A (31-token prompt,
+    max_tokens=100) samples EOS as its 2nd token; B (31-token prompt, max_tokens=2) has no stop token. Replayed on
+    AsyncScheduler with the engine's loop: (the tokens the model computes for A, thrown-away ones included, the most
+    blocks A holds, the same two for B)."""
     from collections import deque
 
     from ..v1 import AsyncScheduler, KVCacheManager
 
-    s = AsyncScheduler(KVCacheManager(16, 64, enable_caching=False))
-    s.add_request("A", list(range(30)), 100, stop_token_ids=[2])
-    s.add_request("B", list(range(100, 130)), 3)
-    computed, queue, sampled_so_far = {"A": 0, "B": 0}, deque(), {"A": 0, "B": 0}
+    kv = KVCacheManager(16, 64, enable_caching=False)
+    s = AsyncScheduler(kv)
+    s.add_request("A", list(range(31)), 100, stop_token_ids=[2])
+    s.add_request("B", list(range(100, 131)), 2)
+    computed, peak, queue, sampled_so_far = {"A": 0, "B": 0}, {"A": 0, "B": 0}, deque(), {"A": 0, "B": 0}
     while s.has_unfinished_requests() or queue:
         if s.has_unfinished_requests():
             out = s.schedule()
             for request_id, num_tokens in out.num_scheduled_tokens.items():
                 computed[request_id] += num_tokens
+            for request_id in peak:
+                peak[request_id] = max(peak[request_id], len(kv.req_to_blocks.get(request_id, ())))
             sampled = {}
             for request_id in s.sampling_request_ids(out):
                 sampled_so_far[request_id] += 1
-                sampled[request_id] = 2 if request_id == "A" and sampled_so_far["A"] == 3 else 7  # A: EOS third
+                sampled[request_id] = 2 if request_id == "A" and sampled_so_far["A"] == 2 else 7  # A: EOS second
             if not out.is_empty:
                 queue.appendleft((out, sampled))
                 if len(queue) < 2:
                     continue
         s.update_from_output(*queue.pop())
-    return computed["A"], computed["B"]
+    return computed["A"], peak["A"], computed["B"], peak["B"]
 
 
 def _stale_token_delivered():
@@ -1380,22 +1384,27 @@ EXERCISES: dict[str, Exercise] = {
                    "allocate_slots stopped at num_tokens (45) when the step was scheduled; is that the only call "
                    "that names a speculating request's blocks? And with 3 accepted, which position is the last one "
                    "holding K/V that stays (count the step's first row, the token that was pending)?"))),
-    "async-tokens-computed": Exercise("(tokens computed for A, tokens computed for B)", notebook="async_scheduling",
+    "async-tokens-computed": Exercise("(tokens computed for A, A's peak blocks, tokens computed for B, B's peak "
+                                      "blocks)", notebook="async_scheduling",
                       expected=_async_tokens_computed,
                       hint="count the steps scheduled for each request, prefill included, and the tokens each of "
-                           "them runs on; a step already scheduled runs even if its request has finished.",
-                      mistakes=((lambda: (32, 32), "you gave A and B the same count. Does the scheduler learn that A "
-                                 "stops the way it learns that B stops, and at the same moment?"),
-                                (lambda: (33, 33), "you gave A and B the same count. Does the scheduler learn that A "
-                                 "stops the way it learns that B stops, and at the same moment?"))),
+                           "them runs on; a step already scheduled runs even if its request has finished, and every "
+                           "token a step runs on needs a KV slot.",
+                      mistakes=((lambda: (32, 2, 32, 2), "you gave A and B the same counts. Does the scheduler learn "
+                                 "that A stops the way it learns that B stops, and at the same moment?"),
+                                (lambda: (33, 3, 33, 3), "you gave A and B the same counts. Does the scheduler learn "
+                                 "that A stops the way it learns that B stops, and at the same moment?"),
+                                (lambda: (33, 2, 32, 2), "the token A's extra step runs on needs a KV slot; is there "
+                                 "one left for it in the blocks A holds?"),
+                                (lambda: (33, 3, 32, 3), "does any step run on B's last sampled token, and so give it "
+                                 "a slot?"))),
     "stale-token-delivered": Exercise("(the preempted request, the step it is scheduled again in, its tokens then)",
                       notebook="async_scheduling", expected=_stale_token_delivered,
                       hint="in step 2's schedule, who asks for a block first, and whom does the v1 scheduler preempt "
                            "when none is free? Then follow the pool step by step: when does the other request give "
                            "its blocks back, and which steps were scheduled before that?",
-                      mistakes=((lambda: ("B", 6, 5), "step 6 is scheduled before step 5's output is processed: the "
-                                 "blocks of the request that finishes in step 5 are still held when step 6 is "
-                                 "scheduled."),
+                      mistakes=((lambda: ("B", 6, 5), "which call frees the blocks of the request that finishes, "
+                                 "and does the engine loop make it before or after it schedules the next step?"),
                                 (lambda: ("B", 7, 4), "count the victim's tokens when it comes back: its prompt and "
                                  "every output token it has, the stale one included, are recomputed."),
                                 (lambda: ("B", 7, 3), "count the victim's tokens when it comes back: its prompt and "
