@@ -60,13 +60,6 @@ def _step_grid(grid) -> tuple:
     return grid.plan.block_q, tiles, tiles * kv_heads * segments, grid.tiles.index(None)
 
 
-def _split_step_cost(num_layers: int, calls_per_layer: dict, cg_support: dict) -> tuple:
-    """Notebook 11's mixed step: attention calls a step for one kernel and for the split, and whether each backend's
-    declared AttentionCGSupport lets a full CUDA graph record a mixed step (only ALWAYS covers mixed batches)."""
-    return (num_layers * calls_per_layer["unified"], num_layers * calls_per_layer["split"],
-            cg_support["triton"] == "ALWAYS", cg_support["flashinfer"] == "ALWAYS")
-
-
 def _more_preemptions_and_why(preempted: dict) -> tuple:
     """Notebook 10's admission at scale: which of v0 (recompute) and today preempts more often, from the run's
     counts; and the setting behind it: ``"watermark"`` if v0 with its watermark at today's default (0) preempts
@@ -880,24 +873,6 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
 
-    "split-step-cost": Prediction(
-        "your prediction (a mixed step of a 32-layer model: attention calls with one kernel, with the split; can a "
-        "full CUDA graph record it with Triton's attention, with FlashInfer's?)", "unified_attention",
-        expected=lambda: _split_step_cost(num_layers=32, calls_per_layer={"unified": 1, "split": 2},
-                                          cg_support={"triton": "ALWAYS", "flashinfer": "UNIFORM_BATCH"}),
-        hint="count per step, not per layer: every layer makes its attention calls. For the graphs, read each "
-             "support level as AttentionCGSupport defines it: which batches does it cover, and are a mixed step's "
-             "query lengths all the same?",
-        mistakes=(
-            ((1, 2, True, False), "that is one layer's calls: the step runs attention in each of its 32 layers."),
-            ((32, 32, True, False), "the split runs a decode kernel and a prefill kernel in every layer."),
-            ((32, 64, True, True), "UNIFORM_BATCH covers batches whose queries all have the same length: do a "
-                                   "decode's and a prompt chunk's?"),
-            ((32, 64, False, False), "ALWAYS is the top support level: which batches does it leave out?"),
-        ),
-    ),
-
-    # ----------------------------------- tiny_vllm
     "engine-blocks-after-30": Prediction(
         "your prediction (blocks per request after step 30)", "tiny_vllm",
         hint="how many tokens of each request hold a slot after step 30: its prompt, and what the decode steps "
