@@ -497,12 +497,36 @@ def _lbnhc_value_address(block, token, kv_head, d, block_size, num_kv_heads, hea
     return int(value_cache[block, token, kv_head, d])
 
 
-def _chunk_keys_read():
-    """A 40-token sequence whose last 12 tokens are this step's chunk: key positions its rows read in all, causal,
-    then with a sliding window of 30 (the rule of ``kernel_figures.chunk_reads``)."""
-    from ..viz.kernel_figures import chunk_reads
+# vLLM 0.33's metadata builders declare which steps a full CUDA graph, attention inside it, may record
+# (``AttentionCGSupport``, ``v1/attention/backend.py``): the Triton builder ``ALWAYS`` (``triton_attn.py``),
+# FlashInfer's ``get_cudagraph_support`` at best ``UNIFORM_BATCH`` (``flashinfer.py``).
+def _full_graph_allowed(support: str, q_lens) -> bool:
+    """Whether a builder declaring ``support`` lets a full CUDA graph record a step of these query lengths."""
+    if support == "ALWAYS":  # "supports mixed-prefill-decode"
+        return True
+    if support == "UNIFORM_BATCH":  # every query one length
+        return len(set(q_lens)) == 1
+    if support == "UNIFORM_SINGLE_TOKEN_DECODE":
+        return set(q_lens) == {1}
+    return False  # NEVER
 
-    return tuple(sum(len(r["keys"]) for r in chunk_reads([0, 12], [40], window)) for window in (None, 30))
+
+def _step_calls(q_lens, num_layers: int, per_request: bool = False, both_halves: bool = False,
+                triton_support: str = "ALWAYS", flashinfer_support: str = "UNIFORM_BATCH"):
+    """One step of a ``num_layers`` model in vLLM 0.33: (Triton's attention calls, FlashInfer's, a full graph
+    allowed on Triton, on FlashInfer). Triton makes one ``unified_attention`` call a layer over every row;
+    FlashInfer puts the decodes first (``reorder_batch_threshold = 1``), and its ``forward`` runs the prefill half
+    ``if num_prefill_tokens > 0`` and the decode half ``if num_decode_tokens > 0``. The flags replay slips: a kernel
+    per request, both halves run in every step, the wrong support level."""
+    decodes, prefills = [q for q in q_lens if q <= 1], [q for q in q_lens if q > 1]
+    halves = len(q_lens) if per_request else 2 if both_halves else bool(decodes) + bool(prefills)
+    return (num_layers, num_layers * halves, _full_graph_allowed(triton_support, q_lens),
+            _full_graph_allowed(flashinfer_support, q_lens))
+
+
+def _split_step_calls(num_layers: int = 32, **slip):
+    """A 32-layer model, two steps: A (two decodes and a 20-row prompt chunk) and B (three decodes alone)."""
+    return tuple(_step_calls(q_lens, num_layers, **slip) for q_lens in ((1, 1, 20), (1, 1, 1)))
 
 
 # -------------------------------------- block_table_visualizer
@@ -1300,10 +1324,23 @@ EXERCISES: dict[str, Exercise] = {
                                 (lambda: _preempted_and_back(enable_caching=False),
                                  "Y's full blocks keep their names in the free queue until they are handed out: "
                                  "does anyone take a block while Y waits?"))),
-    "chunk-keys-read": Exercise("(keys read, causal; keys read, window 30)",
-                      notebook="unified_attention", expected=_chunk_keys_read,
-                      hint="row i of a q_len-row chunk sits at position seq_len - q_len + i and reads keys 0 to its "
-                           "position; a window keeps only the last W of those."),
+    "split-step-calls": Exercise("(step A, step B), each (Triton calls, FlashInfer calls, full graph on Triton, "
+                                 "full graph on FlashInfer)",
+                      notebook="unified_attention", expected=_split_step_calls,
+                      mistakes=((lambda: _split_step_calls(num_layers=1), "that is one layer's count: every layer "
+                                 "of the model makes its own attention calls."),
+                                (lambda: _split_step_calls(per_request=True), "FlashInfer's split makes two groups, "
+                                 "not one per request: a decode kernel over all the decodes, a prefill kernel over "
+                                 "all the prefill rows."),
+                                (lambda: _split_step_calls(both_halves=True), "does FlashInfer's forward run its "
+                                 "prefill half in a step with no prefill rows?"),
+                                (lambda: _split_step_calls(flashinfer_support="ALWAYS"), "UNIFORM_BATCH is not "
+                                 "ALWAYS: which query lengths does it allow, and what are each step's?"),
+                                (lambda: _split_step_calls(flashinfer_support="NEVER"), "UNIFORM_BATCH allows some "
+                                 "steps: which query lengths, and what are each step's?")),
+                      hint="for each step, count one layer first: how many attention calls does each backend make "
+                           "for the rows it has? Then the builders: which batches does ALWAYS allow a full graph "
+                           "of, and which does UNIFORM_BATCH?"),
     "next-step-metadata": Exercise("(cu_seqlens_q, key positions read in all)",
                       notebook="unified_attention", expected=_next_step_metadata,
                       mistakes=((lambda: _next_step_metadata(cumulative=False), "you gave each sequence's number "
