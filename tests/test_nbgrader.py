@@ -49,7 +49,7 @@ WRONG = {
     "09": ("e1_num_preempted = 3", "e1_num_preempted = 2"),  # let the tail skip the step instead of preempting itself
     "10": ("e1_step = 9", "e1_step = 8"),  # forgot that A's last chunk comes before B's turn
     "11": ("e2 = ([0, 1, 2, 3, 7], 24 + 114)", "e2 = ([1, 1, 1, 4], 24 + 114)"),  # rows per sequence, not their sum
-    "12": ("e2_peak_blocks = 6", "e2_peak_blocks = 7"),  # the last sampled token's K/V is never written
+    "12": ("e2 = (8, 3, 40, 0)", "e2 = (8, 3, 40, 34)"),  # padded the mixed step's requests as a decode graph's
     "13": ("e1 = ((1, 2, 3), 16)", "e1 = ((1, 2), 12)"),  # kept only the default's names (interval 0)
     "14": ("e1 = (3, 29, 1)", "e1 = (2, 29, 1)"),  # gave the drafts' block back at the rollback
     "15": ("e1 = (8, 12, 1)", "e1 = (8, 8, 4)"),  # capped the CPU tier's hit at num_tokens - 1

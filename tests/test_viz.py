@@ -550,3 +550,40 @@ def test_placeholder_slots_show_the_slot_given_to_a_token_nobody_has_seen():
     assert len(ax.get_legend().get_texts()) == 4
     with pytest.raises(PagedKVValueError, match="known tokens but"):
         placeholder_slots_text([("sync, after an update", 8, 0, 7)], 4)
+
+
+def test_blocks_held_marks_each_preemption_and_comeback_of_a_tight_pool():
+    """Notebook 12's band chart, read off today's scheduler in a pool too small for two requests: the newest is
+    preempted (its band stops, its blocks freed) and comes back with its whole table, its first block from the
+    prefix cache."""
+    from pagedkv.errors import PagedKVValueError
+    from pagedkv.v1 import KVCacheManager, Scheduler
+    from pagedkv.viz import blocks_held_text, draw_blocks_held
+
+    s = Scheduler(KVCacheManager(block_size=4, num_gpu_blocks=5))
+    s.add_request("A", [1, 2, 3, 4, 5, 6], 8)
+    s.add_request("B", [7, 8, 9, 10, 11], 8)
+    tables, preempted, back, gone = [], {}, {}, set()
+    while s.has_requests():
+        out = s.schedule()
+        step = len(tables)
+        if out.preempted_req_ids:
+            preempted[step] = list(out.preempted_req_ids)
+            gone.update(out.preempted_req_ids)
+        if returned := {r: s.requests[r].num_cached_tokens for r in out.scheduled_new_reqs if r in gone}:
+            back[step] = returned
+        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
+        tables.append({r: list(t) for r, t in s.kv_cache_manager.snapshot().tables.items()})
+    assert list(preempted.values()) == [["B"]] and [list(b) for b in back.values()] == [["B"]]
+    lines = blocks_held_text(tables, preempted, back).splitlines()
+    (p_step,), (b_step,) = preempted, back
+    assert lines[1].split()[:4] == [str(p_step), "B", "preempted", str(len(tables[p_step - 1]["B"]))]
+    assert lines[2].split()[:4] == [str(b_step), "B", "back", str(len(tables[b_step]["B"]))]
+    assert lines[2].split()[-1] == str(back[b_step]["B"]) == "4"  # B's first full block, still named
+    ax = draw_blocks_held(tables, preempted, back, pool=5)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["B", "A"]  # the first request on top
+    assert [line.get_marker() for line in ax.lines] == ["x", "^"] and [t.get_text() for t in ax.texts] == ["4"]
+    assert len(ax.get_legend().get_texts()) == 4
+    plt.close("all")
+    with pytest.raises(PagedKVValueError, match="step numbers of the run"):
+        blocks_held_text(tables, {len(tables): ["B"]})

@@ -697,14 +697,29 @@ def _resumed_row():
     raise AssertionError("B was never preempted and admitted again, as the exercise's text says")
 
 
-def _peak_blocks_alone():
-    from ..engine import LLMEngine
+def _capture_sizes(cap: int = 512) -> list:
+    """vLLM 0.33's default CUDA-graph capture sizes (``_set_cudagraph_sizes`` in ``vllm/config/vllm.py``): 1, 2, 4,
+    the multiples of 8 below 256, then those of 16 up to the cap (512 on most GPUs)."""
+    return [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, cap + 1, 16))
 
-    model, _ = _tiny()
-    engine = LLMEngine(model, version="v1", num_gpu_blocks=48, block_size=16)
-    engine.generate([[ord("a")] * 40], max_tokens=57)
-    return engine.stats.peak_gpu_blocks
 
+def _graph_padding(steps=((1,) * 5, (1,) * 5 + (30,)), pad_tokens: bool = True, pad_mixed_rows: bool = False,
+                   pad_decode_rows: bool = True) -> tuple:
+    """Notebook 12's E2 on a vLLM 0.33 worker with the default graphs (``FULL_AND_PIECEWISE``): each step, the
+    tokens its requests run. A step replays the smallest captured size at least its tokens; past its real tokens
+    the slot mapping holds -1. A pure-decode step replays a full graph captured with one request per token
+    (``cudagraph_utils.py``), so its block table has that many rows and those past the real requests are zeroed
+    (``gather_block_tables``); a mixed step replays the piecewise graphs, captured with no request count
+    (``num_reqs=None``): attention runs outside them on the step's real rows. Per step: (slot-mapping length,
+    zeroed block-table rows). The flags replay slips."""
+    answer = []
+    for tokens in steps:
+        num_tokens, num_reqs = sum(tokens), len(tokens)
+        padded = next(s for s in _capture_sizes() if s >= num_tokens) if pad_tokens else num_tokens
+        decode = all(t == 1 for t in tokens)
+        pads_rows = pad_decode_rows if decode else pad_mixed_rows
+        answer += [padded, padded - num_reqs if pads_rows else 0]
+    return tuple(answer)
 
 
 # -------------------------------------------------- vllm_today
@@ -1363,8 +1378,17 @@ EXERCISES: dict[str, Exercise] = {
                            "table last block first, a block without a name goes to the head of the free queue and a "
                            "named one to its tail; which blocks does A take while B waits, and which of B's blocks "
                            "still have their names in step 14?"),
-    "peak-blocks-alone": Exercise("peak blocks", notebook="tiny_vllm", expected=_peak_blocks_alone,
-                      hint="which tokens' K/V is ever written? A sampled token's K/V is written by the next step."),
+    "cuda-graph-padded-rows": Exercise("(A's slot mapping, A's zeroed rows, B's slot mapping, B's zeroed rows)",
+                      notebook="tiny_vllm", expected=_graph_padding,
+                      mistakes=((lambda: _graph_padding(pad_tokens=False, pad_decode_rows=False),
+                                 "a graph replays the sizes it was recorded for: each step is padded up to one."),
+                                (lambda: _graph_padding(pad_mixed_rows=True), "step B is a mixed batch: which graphs "
+                                 "does it replay, and does the attention that reads its block table run inside them?"),
+                                (lambda: _graph_padding(pad_decode_rows=False), "step A replays the decode graph, "
+                                 "attention and all: for how many requests was that graph recorded?")),
+                      hint="which graph does each step replay, and for how many tokens was it recorded? Then ask of "
+                           "each: does the attention that reads the block table run inside that graph, and for how "
+                           "many requests was it recorded?"),
     "retention-interval-names": Exercise("(A's named sliding entries, B's hit tokens)",
                       notebook="hybrid_kv_cache", expected=_retention_interval_names,
                       hint="which token counts are resume points now, besides the prompt's replay boundary, and how "

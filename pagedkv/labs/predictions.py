@@ -34,6 +34,17 @@ class Prediction:
     # worked out of it here, so the cell shows no formula that would give the method away
 
 
+def _first_victim_back(run) -> tuple:
+    """Notebook 12's tight pool, from what its ``serve`` recorded (each step's tables, step -> victims, step ->
+    requests back): the first victim's number, and the block ids the worker is sent for it in the step it comes
+    back, its whole table, as vLLM 0.33 sends a resumed request (``sent_to_worker``: it held no table the step
+    before)."""
+    tables, preempted, back = run
+    victim = preempted[min(preempted)][0]
+    comeback = min(step for step, requests in back.items() if victim in requests)
+    return int(victim.removeprefix("req")), len(tables[comeback][victim])
+
+
 def _beam_ceiling(beam) -> float:
     """The most a beam search could save: at its last step, where it peaks without sharing, its beams would share
     every block but the one that holds their newest token, which distinct beams must keep apart (one block each)."""
@@ -882,25 +893,6 @@ PREDICTIONS: dict[str, Prediction] = {
             ([3, 3, 3, 3], "req2's prompt is 21 bytes, more than a block already: where does it end after 30 steps?"),
         ),
     ),
-    "worker-new-block-step": Prediction(
-        "your prediction (the step that first sends req2 a block id)", "tiny_vllm",
-        hint="step 0 writes req2's positions 0-20; each later step k writes one more position, 20 + k. A new block is "
-             "sent when a step's position is the first of a block.",
-        mistakes=(
-            (11, "step k writes position 20 + k, and block 2 starts at position 32."),
-            (13, "the block is sent in the step that writes its first position, not the step after."),
-        ),
-    ),
-    "engine-prefix-cache-hit": Prediction(
-        "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
-        hint="only full blocks have names; count the full blocks every later prompt has in common with the first, "
-             "from its start",
-        mistakes=(
-            (192, "the system prompt fills 4 blocks; what do the 5th blocks of the four prompts hold?"),
-            (256,
-             "a hit is whole blocks the later prompt shares from its start: which block is the first that differs?"),
-        ),
-    ),
     "smollm2-chat-prefix-hit": Prediction(
         "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
         hint="only a full block has a name; and a block is named when it is allocated for tokens that will fill it, "
@@ -911,6 +903,20 @@ PREDICTIONS: dict[str, Prediction] = {
                 "will fill it."),
             (64, "that counts all four requests; the first one computes its prompt."),
         ),
+    ),
+    "tight-pool-first-victim": Prediction(
+        "your prediction (the first victim, block ids sent for it when it comes back)", "tiny_vllm",
+        hint="in which step does the pool first run out, and who is last in running then? When that request comes "
+             "back, what does the worker still hold of its row, and how many tokens must its table cover?",
+        mistakes=(
+            ((0, 2), "req0 is the one that needs a block in step 8; notebook 10's rule takes the victim from the other "
+                     "end of running."),
+            ((4, 2), "req4 needs a block in step 8 too; notebook 10's rule takes the victim from the end of running."),
+            ((7, 0), "the worker dropped req7's row when it was preempted: what must it be sent to run req7 again?"),
+            ((7, 1), "req7 comes back with the tokens it had sampled before its preemption too: its table covers "
+                     "all of them."),
+        ),
+        from_run=_first_victim_back,
     ),
     "tight-pool-no-prefix-cache": Prediction(
         "your prediction (steps, tokens through the model, prefix caching off)", "tiny_vllm",
