@@ -587,3 +587,58 @@ def test_blocks_held_marks_each_preemption_and_comeback_of_a_tight_pool():
     plt.close("all")
     with pytest.raises(PagedKVValueError, match="step numbers of the run"):
         blocks_held_text(tables, {len(tables): ["B"]})
+
+
+def test_worker_rows_send_new_ids_and_a_comeback_its_whole_table():
+    """Notebook 12's worker-side picture, read off today's scheduler in a pool too small for two requests: a running
+    request's row gains only the ids it was just given; the victim's row is dropped, and when it comes back its whole
+    table is sent, the block the prefix cache gave back marked. The rows rebuilt from what was sent are the
+    scheduler's tables."""
+    from pagedkv.errors import PagedKVValueError
+    from pagedkv.v1 import KVCacheManager, Scheduler
+    from pagedkv.viz import draw_worker_rows, rows_after, worker_rows_text
+
+    s = Scheduler(KVCacheManager(block_size=4, num_gpu_blocks=5))
+    s.add_request("A", [1, 2, 3, 4, 5, 6], 8)
+    s.add_request("B", [7, 8, 9, 10, 11], 8)
+    tables, preempted, back, gone = [], {}, {}, set()
+    while s.has_requests():
+        out = s.schedule()
+        step = len(tables)
+        if out.preempted_req_ids:
+            preempted[step] = list(out.preempted_req_ids)
+            gone.update(out.preempted_req_ids)
+        if returned := {r: s.requests[r].num_cached_tokens for r in out.scheduled_new_reqs if r in gone}:
+            back[step] = returned
+        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
+        tables.append({r: list(t) for r, t in s.kv_cache_manager.snapshot().tables.items()})
+    worker = {}  # the worker's rows, built from nothing but what each step sends
+    for step in range(len(tables)):
+        for request_id, row in rows_after(tables, step, preempted).items():
+            if isinstance(row, str):
+                worker.pop(request_id)
+            else:
+                kept, sent = row
+                assert worker.get(request_id, []) == kept
+                worker[request_id] = kept + sent
+        assert worker == tables[step]
+    (p_step,), (b_step,) = preempted, back
+    assert rows_after(tables, p_step, preempted)["B"] == "dropped"
+    assert rows_after(tables, b_step, preempted)["B"] == ([], tables[b_step]["B"])  # the whole table, sent again
+    grown = next(st for st in range(1, p_step) if len(tables[st]["A"]) > len(tables[st - 1]["A"]))
+    assert rows_after(tables, grown)["A"] == (tables[grown - 1]["A"], tables[grown]["A"][-1:])  # one new id
+    lines = worker_rows_text(tables, (0, p_step, b_step), preempted, back, block_size=4).splitlines()
+    row_b = lines[[line.split()[0] for line in lines].index("B")].split()
+    assert row_b[1] == "+" + str(tables[0]["B"][0]) and "dropped" in row_b
+    assert row_b[-len(tables[b_step]["B"])] == f"+{tables[b_step]['B'][0]}*"  # its first block from the cache
+    fig = draw_worker_rows(tables, (0, p_step, b_step), preempted, back, block_size=4)
+    scheduler, worker_side = fig.axes
+    assert [t.get_text() for t in worker_side.get_yticklabels()] == ["A", "B"]
+    assert "row dropped" in [t.get_text() for t in worker_side.texts]
+    assert [p.get_hatch() for p in scheduler.patches].count("///") == 1
+    assert len(fig.legends[0].get_texts()) == 3
+    plt.close("all")
+    with pytest.raises(PagedKVValueError, match="pass block_size"):
+        worker_rows_text(tables, (b_step,), preempted, back)
+    with pytest.raises(PagedKVValueError, match="step numbers of the run"):
+        draw_worker_rows(tables, (len(tables),))

@@ -894,14 +894,21 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "smollm2-chat-prefix-hit": Prediction(
-        "your prediction (prompt tokens served from the prefix cache)", "tiny_vllm",
-        hint="only a full block has a name; and a block is named when it is allocated for tokens that will fill it, "
-             "before the step runs.",
+        "your prediction (prompt tokens served from the prefix cache, with blocks of 16, with blocks of 32)",
+        "tiny_vllm",
+        hint="which blocks of a prompt have a name another request can hit: how many of the 24 shared tokens fill a "
+             "whole block of each size? And when is a block named: after its prefill ran, or as soon as it is "
+             "allocated for tokens that will fill it?",
         mistakes=(
-            (72, "24 shared tokens: is the second block of 16 full of them?"),
-            (0, "the four arrive in one step, but vLLM 0.33 names a block as soon as it is allocated for tokens that "
-                "will fill it."),
-            (64, "that counts all four requests; the first one computes its prompt."),
+            ((72, 72), "24 shared tokens each: only a full block has a name, and a block that also holds the "
+                       "question matches nobody."),
+            ((72, 0), "with blocks of 16, is the second block full of shared tokens?"),
+            ((48, 72), "with blocks of 32, is any block full of shared tokens?"),
+            ((48, 96), "with blocks of 32, the first block holds 24 shared tokens and 8 of the question: its name "
+                       "covers all 32."),
+            ((0, 0), "the four arrive in one step, but vLLM 0.33 names a block as soon as it is allocated for tokens "
+                     "that will fill it."),
+            ((64, 0), "that counts all four requests; the first one computes its prompt."),
         ),
     ),
     "tight-pool-first-victim": Prediction(

@@ -15,11 +15,14 @@ from .token_budget import draw_token_budget, token_budget_text
 from .trace import Trace, TraceRecorder, load_trace, record_engine, record_scheduler
 from .trace_widget import TracePlayer
 from .visualizer import BlockTableVisualizer, counters
+from .worker_rows import draw_worker_rows, rows_after, worker_rows_text
 
-__all__ = ["PALETTE", "BlockTableVisualizer", "SchedulerVisualizer", "Timeline", "Trace", "TracePlayer",
+__all__ = ["BlockTableVisualizer", "PALETTE", "SchedulerVisualizer", "Timeline", "Trace", "TracePlayer",
            "TraceRecorder", "add_block_map_key", "align_panels", "async_timeline_text", "block_names",
-           "blocks_held_text", "compact_png", "counters", "draw_async_timeline", "draw_block_map", "draw_blocks_held",
-           "draw_free_queues", "draw_placeholder_slots", "draw_slots", "draw_sync_and_async", "draw_tiers",
-           "draw_timeline", "draw_token_budget", "forward_idle", "free_queues_text", "key_beside", "key_below",
-           "load_trace", "placeholder_slots_text", "record_engine", "record_scheduler", "render_slots",
-           "render_tiers", "seq_colors", "slot_mapping", "step_spans_text", "token_budget_text"]
+           "blocks_held_text", "compact_png", "counters", "draw_async_timeline", "draw_block_map",
+           "draw_blocks_held", "draw_free_queues", "draw_placeholder_slots", "draw_slots",
+           "draw_sync_and_async", "draw_tiers", "draw_timeline", "draw_token_budget", "draw_worker_rows",
+           "forward_idle", "free_queues_text", "key_below", "key_beside", "load_trace",
+           "placeholder_slots_text", "record_engine", "record_scheduler", "render_slots", "render_tiers",
+           "rows_after", "seq_colors", "slot_mapping", "step_spans_text", "token_budget_text",
+           "worker_rows_text"]
