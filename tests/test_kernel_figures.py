@@ -187,3 +187,19 @@ def test_unified_grid_is_the_launch_the_kernel_makes():
     assert "segments 0-5, the last with 440; segments 6-15 return" in text
     assert "12 programs, each merging its row's partial max, sum and output (16, 6, 2 segments)" in text
     assert len(kf.unified_grid_figure(step, long).axes) == 2
+
+
+def test_split_calls_say_whose_rows_each_call_covers():
+    """One layer's attention calls: the text names each call's rows and their requests, in forward's order, and counts
+    the calls over the layers; the figure draws a box per call under the rows."""
+    q_lens, names = [1, 1, 1, 13], ["d0", "d1", "d2", "long"]
+    calls = {"Triton": [("unified_attention", range(16))],
+             "FlashInfer": [("prefill", range(3, 16)), ("decode", range(3))]}
+    text = kf.split_calls_text(q_lens, names, calls, 32, label="the step")
+    assert text.startswith("the step: 16 query rows, q_lens [1, 1, 1, 13] (d0, d1, d2, long)")
+    assert "1. unified_attention, rows 0-15 (d0, d1, d2, long)" in text and "1 call a layer, 32 over 32 layers" in text
+    assert "1. prefill, rows 3-15 (long)" in text and "2. decode, rows 0-2 (d0, d1, d2)" in text
+    assert "2 calls a layer, 64 over 32 layers" in text
+    ax = kf.split_calls_figure(q_lens, names, calls, 32).axes[0]
+    assert len(ax.patches) == 16 + 3  # a cell per query row, a box per call
+    assert kf._rows_owned([5, 1, 4], ["a", "b", "c"], range(4, 7)) == ["a", "b", "c"]

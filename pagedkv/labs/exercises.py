@@ -497,36 +497,46 @@ def _lbnhc_value_address(block, token, kv_head, d, block_size, num_kv_heads, hea
     return int(value_cache[block, token, kv_head, d])
 
 
-# vLLM 0.33's metadata builders declare which steps a full CUDA graph, attention inside it, may record
-# (``AttentionCGSupport``, ``v1/attention/backend.py``): the Triton builder ``ALWAYS`` (``triton_attn.py``),
-# FlashInfer's ``get_cudagraph_support`` at best ``UNIFORM_BATCH`` (``flashinfer.py``).
-def _full_graph_allowed(support: str, q_lens) -> bool:
-    """Whether a builder declaring ``support`` lets a full CUDA graph record a step of these query lengths."""
-    if support == "ALWAYS":  # "supports mixed-prefill-decode"
-        return True
-    if support == "UNIFORM_BATCH":  # every query one length
-        return len(set(q_lens)) == 1
-    if support == "UNIFORM_SINGLE_TOKEN_DECODE":
-        return set(q_lens) == {1}
-    return False  # NEVER
+# vLLM 0.33's rules for one step's attention on two backends. Triton (``v1/attention/backends/triton_attn.py``): one
+# ``unified_attention`` call a layer over every row, launching ``kernel_unified_attention`` on the 2-D grid, or, when
+# ``use_3d`` holds, on the 3-D grid and then ``reduce_segments`` (``v1/attention/ops/triton_unified_attention.py``).
+# FlashInfer (``v1/attention/backends/flashinfer.py``): the batch comes decodes first, ``split_decodes_and_prefills``
+# finds where they end, and ``forward`` runs a prefill call ``if num_prefill_tokens > 0`` and a decode call
+# ``if num_decode_tokens > 0``.
+MIN_LAUNCH_GRID_SIZE_2D = 128  # triton_attn.py
+MAX_3D_QUERY_LEN = 8  # triton_unified_attention.py
 
 
-def _step_calls(q_lens, num_layers: int, per_request: bool = False, both_halves: bool = False,
-                triton_support: str = "ALWAYS", flashinfer_support: str = "UNIFORM_BATCH"):
-    """One step of a ``num_layers`` model in vLLM 0.33: (Triton's attention calls, FlashInfer's, a full graph
-    allowed on Triton, on FlashInfer). Triton makes one ``unified_attention`` call a layer over every row;
-    FlashInfer puts the decodes first (``reorder_batch_threshold = 1``), and its ``forward`` runs the prefill half
-    ``if num_prefill_tokens > 0`` and the decode half ``if num_decode_tokens > 0``. The flags replay slips: a kernel
-    per request, both halves run in every step, the wrong support level."""
+def _triton_use_3d(q_lens, num_heads: int, num_kv_heads: int, ignore_kv_heads: bool = False) -> bool:
+    """``use_3d`` for a causal step without speculative decoding. ``seq_threshold_3D`` is
+    ``MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads``, a default CUDA-graph capture size for 2, 4 or 8 KV heads, so the
+    builder's snap to the nearest one leaves it; its scratch holds that many query rows (one per decode)."""
+    block_q = 16 // (num_heads // num_kv_heads)  # BLOCK_M = 16 for up to 16 query heads per KV head
+    threshold = MIN_LAUNCH_GRID_SIZE_2D // (1 if ignore_kv_heads else num_kv_heads)
+    max_seqlen_q = max(q_lens)
+    return (max_seqlen_q <= MAX_3D_QUERY_LEN and len(q_lens) * -(-max_seqlen_q // block_q) <= threshold
+            and sum(q_lens) <= threshold)
+
+
+def _step_calls(q_lens, num_layers: int, num_heads: int = 32, num_kv_heads: int = 8, per_request: bool = False,
+                both_halves: bool = False, no_reduce: bool = False, ignore_kv_heads: bool = False):
+    """One step of a ``num_layers`` model in vLLM 0.33: (Triton's attention calls, the kernels they launch,
+    FlashInfer's attention calls). The flags replay slips: a FlashInfer call per request, both halves run in every
+    step, the 3-D path's reduce forgotten, ``seq_threshold_3D`` taken as ``MIN_LAUNCH_GRID_SIZE_2D`` itself."""
     decodes, prefills = [q for q in q_lens if q <= 1], [q for q in q_lens if q > 1]
     halves = len(q_lens) if per_request else 2 if both_halves else bool(decodes) + bool(prefills)
-    return (num_layers, num_layers * halves, _full_graph_allowed(triton_support, q_lens),
-            _full_graph_allowed(flashinfer_support, q_lens))
+    use_3d = _triton_use_3d(q_lens, num_heads, num_kv_heads, ignore_kv_heads)
+    kernels = 1 if no_reduce else 1 + use_3d  # kernel_unified_attention, then reduce_segments in 3-D
+    return num_layers, num_layers * kernels, num_layers * halves
+
+
+SPLIT_STEPS = ((512, 200), (1,) * 4, (1,) * 40)  # E1's steps A (two prompt chunks), B (four decodes), C (forty)
 
 
 def _split_step_calls(num_layers: int = 32, **slip):
-    """A 32-layer model, two steps: A (two decodes and a 20-row prompt chunk) and B (three decodes alone)."""
-    return tuple(_step_calls(q_lens, num_layers, **slip) for q_lens in ((1, 1, 20), (1, 1, 1)))
+    """A 32-layer model, 32 query heads over 8 KV heads, three steps: A (two prompt chunks of 512 and 200 rows), B
+    (four long decodes), C (forty decodes)."""
+    return tuple(_step_calls(q_lens, num_layers, **slip) for q_lens in SPLIT_STEPS)
 
 
 # -------------------------------------- block_table_visualizer
@@ -1339,23 +1349,25 @@ EXERCISES: dict[str, Exercise] = {
                                 (lambda: _preempted_and_back(enable_caching=False),
                                  "Y's full blocks keep their names in the free queue until they are handed out: "
                                  "does anyone take a block while Y waits?"))),
-    "split-step-calls": Exercise("(step A, step B), each (Triton calls, FlashInfer calls, full graph on Triton, "
-                                 "full graph on FlashInfer)",
+    "split-step-calls": Exercise("(step A, step B, step C), each (Triton calls, kernels they launch, FlashInfer "
+                                 "calls)",
                       notebook="unified_attention", expected=_split_step_calls,
                       mistakes=((lambda: _split_step_calls(num_layers=1), "that is one layer's count: every layer "
                                  "of the model makes its own attention calls."),
                                 (lambda: _split_step_calls(per_request=True), "FlashInfer's split makes two groups, "
-                                 "not one per request: a decode kernel over all the decodes, a prefill kernel over "
-                                 "all the prefill rows."),
-                                (lambda: _split_step_calls(both_halves=True), "does FlashInfer's forward run its "
-                                 "prefill half in a step with no prefill rows?"),
-                                (lambda: _split_step_calls(flashinfer_support="ALWAYS"), "UNIFORM_BATCH is not "
-                                 "ALWAYS: which query lengths does it allow, and what are each step's?"),
-                                (lambda: _split_step_calls(flashinfer_support="NEVER"), "UNIFORM_BATCH allows some "
-                                 "steps: which query lengths, and what are each step's?")),
-                      hint="for each step, count one layer first: how many attention calls does each backend make "
-                           "for the rows it has? Then the builders: which batches does ALWAYS allow a full graph "
-                           "of, and which does UNIFORM_BATCH?"),
+                                 "not one per request: a decode call over all the decodes, a prefill call over all "
+                                 "the prefill rows."),
+                                (lambda: _split_step_calls(both_halves=True), "does FlashInfer's forward run a half "
+                                 "that has no rows in the step?"),
+                                (lambda: _split_step_calls(no_reduce=True), "a unified_attention call that goes 3-D "
+                                 "launches a second kernel after the first: which steps go 3-D?"),
+                                (lambda: _split_step_calls(ignore_kv_heads=True),
+                                 "seq_threshold_3D is not MIN_LAUNCH_GRID_SIZE_2D itself: the 2-D grid runs each "
+                                 "query tile once per KV head.")),
+                      hint="for each step, one layer first: which rows does it have, and how many calls does each "
+                           "backend make for them? Then Triton's use_3d: how long is the step's longest query, and "
+                           "how do its sequences compare with seq_threshold_3D for 8 KV heads? A 3-D call launches "
+                           "more than one kernel."),
     "next-step-metadata": Exercise("(cu_seqlens_q, key positions read in all)",
                       notebook="unified_attention", expected=_next_step_metadata,
                       mistakes=((lambda: _next_step_metadata(cumulative=False), "you gave each sequence's number "

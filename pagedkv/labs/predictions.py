@@ -53,19 +53,8 @@ def _beam_ceiling(beam) -> float:
     return 1 - (per_beam - 1 + last.num_seqs) / beam.peak_without_sharing
 
 
-def _tile_bytes(rows) -> tuple:
-    """Notebook 11's tiles under MHA, from ``static_report``'s unified rows: bytes of K and V per (query head, key)
-    for a decode tile and a prefill tile, and which of them issue could outrun HBM (memory-bound)."""
-    from ..kernels.static_report import hbm_fraction
-
-    tiles = {r["tile"]: r for r in rows if "tile" in r and r["gqa"] == 1}
-    kv_bytes = {t: 2 * 2 * r["head_size"] // r["block_q"] for t, r in tiles.items()}  # K and V, fp16, per row
-    issue = {t: hbm_fraction(sum(r["loops"].values()), r["head_size"], r["block_q"]) for t, r in tiles.items()}
-    return kv_bytes["decode"], kv_bytes["prefill"], next(t for t in ("decode", "prefill") if issue[t] > 1)
-
-
 def _step_grid(grid) -> tuple:
-    """Notebook 11's launch of section 5's step, from ``kernel_figures.unified_grid`` (``cuda_unified.launch_plan``
+    """Notebook 11's launch of section 4's step, from ``kernel_figures.unified_grid`` (``cuda_unified.launch_plan``
     and, per tile, ``tile_owner``): queries a tile, query tiles, programs, and the first spare tile."""
     tiles, kv_heads, segments = grid.plan.grid
     return grid.plan.block_q, tiles, tiles * kv_heads * segments, grid.tiles.index(None)
@@ -839,20 +828,6 @@ PREDICTIONS: dict[str, Prediction] = {
                     "first row reach?"),
         ),
     ),
-    "decode-tile-bytes": Prediction(
-        "your prediction (bytes of K/V per (query head, key): decode tile, prefill tile; the memory-bound one)",
-        "unified_attention", from_run=_tile_bytes,
-        hint="one key brings a K row and a V row of head_size fp16 values; how many (query head) rows share them "
-             "in each tile? Both tiles issue a similar number of instructions per key: which one has more bytes "
-             "behind each?",
-        mistakes=(
-            ((256, 16, "decode"), "a key brings its K row and its V row: 2 x 128 values of 2 bytes each."),
-            ((512, 512, "decode"), "a prefill tile's 16 query rows walk the same pages: one load of a key serves "
-                                   "them all."),
-            ((512, 32, "prefill"), "with a similar instruction count per key, the tile with more bytes per instruction "
-                                   "is the one whose issue rate could outrun HBM."),
-        ),
-    ),
     "second-chunk-first-row": Prediction(
         "your prediction (position of the prompt's first row in its second step, keys it reads)",
         "unified_attention",
@@ -865,7 +840,7 @@ PREDICTIONS: dict[str, Prediction] = {
         ),
     ),
     "step-grid": Prediction(
-        "your prediction (section 5's launch: BLOCK_Q, query tiles, programs, the spare tile)", "unified_attention",
+        "your prediction (section 4's launch: BLOCK_Q, query tiles, programs, the spare tile)", "unified_attention",
         from_run=_step_grid,
         hint="a tile holds BLOCK_M = 16 (query, head) pairs for one KV head: how many query heads share a KV head "
              "here? The bound on tiles uses only the step's rows and its sequences, and each tile runs once per KV "
@@ -881,6 +856,19 @@ PREDICTIONS: dict[str, Prediction] = {
              "a tile never holds rows of two sequences: the bound adds one tile per sequence for that."),
             ((8, 16 // 8 + 4, 16 // 8 + 4, 5), "the grid's second axis is the KV heads: each tile runs once per "
                                                "KV head."),
+        ),
+    ),
+    "step-split-calls": Prediction(
+        "your prediction (section 4's step, 32 layers: Triton's attention calls, FlashInfer's, the rows of "
+        "FlashInfer's prefill call)", "unified_attention",
+        hint="count one layer first: Triton's one call covers every row; FlashInfer's split puts the decodes in one "
+             "call and the rest in another. Which of the step's requests are decodes, and how many rows do the others "
+             "have?",
+        mistakes=(
+            ((1, 2, 13), "that is one layer's count: every layer of the model makes its own calls."),
+            ((32, 128, 13), "FlashInfer's split makes two groups, not one per request: a decode call over all the "
+                            "decodes, a prefill call over the other rows."),
+            ((32, 64, 16), "the prefill call gets only the rows after the decodes."),
         ),
     ),
 

@@ -715,3 +715,60 @@ def unified_grid_figure(*grids: UnifiedGrid):
         ax.tick_params(length=0)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ one kernel or a split: a layer's attention calls
+
+
+def _rows_owned(q_lens, names, rows: range) -> list:
+    """The names of the requests whose query rows fall in ``rows`` (of the flat batch), in batch order."""
+    starts = [sum(q_lens[:s]) for s in range(len(q_lens))]
+    return [n for n, a, q in zip(names, starts, q_lens) if a < rows.stop and a + q > rows.start]
+
+
+def split_calls_text(q_lens, names, calls: dict, num_layers: int, label: str = "the step") -> str:
+    """Each backend's attention calls in one layer, in the order its ``forward`` makes them: the rows each covers,
+    and whose they are; then the count over ``num_layers`` layers. ``calls``: backend -> [(call, rows), ...]."""
+    width = max(map(len, calls)) + 1
+    lines = [f"{label}: {sum(q_lens)} query rows, q_lens {list(q_lens)} ({', '.join(names)}); one layer's attention "
+             "calls, in order:"]
+    for backend, made in calls.items():
+        for i, (call, rows) in enumerate(made, 1):
+            head = f"{backend}:" if i == 1 else ""
+            lines.append(f"  {head:<{width}} {i}. {call}, rows {rows.start}-{rows.stop - 1} "
+                         f"({', '.join(_rows_owned(q_lens, names, rows))})")
+        lines.append(f"  {'':<{width}} -> {len(made)} call{'s' if len(made) > 1 else ''} a layer, "
+                     f"{num_layers * len(made)} over {num_layers} layers")
+    return "\n".join(lines)
+
+
+def split_calls_figure(q_lens, names, calls: dict, num_layers: int, label: str = "the step"):
+    """The step's query rows (top, coloured by request), and under them each backend's attention calls in one
+    layer: a box over the rows each call covers, numbered in the order ``forward`` makes them."""
+    num_rows = sum(q_lens)
+    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.8 * (len(calls) + 1)))
+    colors = [PALETTE[s % len(PALETTE)] for s in range(len(q_lens))]
+    row = 0
+    for s, q in enumerate(q_lens):
+        for _ in range(q):
+            _box(ax, row, 0.1, 1, 0.8, str(row), colors[s], edge="white", size=7.5)
+            ax.texts[-1].set_color(_ink(colors[s]))
+            row += 1
+        ax.text(row - q / 2, -0.05, names[s], ha="center", va="bottom", fontsize=8)
+    for y, made in enumerate(calls.values(), 1):
+        for i, (call, rows) in enumerate(made, 1):
+            _box(ax, rows.start + 0.05, y + 0.15, len(rows) - 0.1, 0.7,
+                 f"{i}. {call}\nrows {rows.start}-{rows.stop - 1}", "#FFFFFF", size=8, lw=1.3)
+        ax.text(num_rows + 0.3, y + 0.5, f"{len(made)} a layer\n{num_layers * len(made)} a step", va="center",
+                fontsize=8)
+    ax.set_xlim(0, num_rows + 3)
+    ax.set_ylim(len(calls) + 1, -0.5)
+    ax.set_yticks([0.5] + [y + 0.5 for y in range(1, len(calls) + 1)], ["query rows", *calls], fontsize=9)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(length=0)
+    ax.set_title(f"{label}: one layer's attention calls (boxes, numbered in the order forward makes them), "
+                 f"x {num_layers} layers", fontsize=9.5)
+    fig.tight_layout()
+    return fig
