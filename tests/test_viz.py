@@ -552,13 +552,10 @@ def test_placeholder_slots_show_the_slot_given_to_a_token_nobody_has_seen():
         placeholder_slots_text([("sync, after an update", 8, 0, 7)], 4)
 
 
-def test_blocks_held_marks_each_preemption_and_comeback_of_a_tight_pool():
-    """Notebook 12's band chart, read off today's scheduler in a pool too small for two requests: the newest is
-    preempted (its band stops, its blocks freed) and comes back with its whole table, its first block from the
-    prefix cache."""
-    from pagedkv.errors import PagedKVValueError
+def _tight_pool_run():
+    """Today's scheduler over a pool too small for two requests, recorded as notebook 12 records it: each step's
+    tables, the requests preempted in it and those admitted again (with their prefix-cache tokens)."""
     from pagedkv.v1 import KVCacheManager, Scheduler
-    from pagedkv.viz import blocks_held_text, draw_blocks_held
 
     s = Scheduler(KVCacheManager(block_size=4, num_gpu_blocks=5))
     s.add_request("A", [1, 2, 3, 4, 5, 6], 8)
@@ -574,6 +571,17 @@ def test_blocks_held_marks_each_preemption_and_comeback_of_a_tight_pool():
             back[step] = returned
         s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
         tables.append({r: list(t) for r, t in s.kv_cache_manager.snapshot().tables.items()})
+    return tables, preempted, back
+
+
+def test_blocks_held_marks_each_preemption_and_comeback_of_a_tight_pool():
+    """Notebook 12's band chart, read off today's scheduler in a pool too small for two requests: the newest is
+    preempted (its band stops, its blocks freed) and comes back with its whole table, its first block from the
+    prefix cache."""
+    from pagedkv.errors import PagedKVValueError
+    from pagedkv.viz import blocks_held_text, draw_blocks_held
+
+    tables, preempted, back = _tight_pool_run()
     assert list(preempted.values()) == [["B"]] and [list(b) for b in back.values()] == [["B"]]
     lines = blocks_held_text(tables, preempted, back).splitlines()
     (p_step,), (b_step,) = preempted, back
@@ -595,23 +603,9 @@ def test_worker_rows_send_new_ids_and_a_comeback_its_whole_table():
     table is sent, the block the prefix cache gave back marked. The rows rebuilt from what was sent are the
     scheduler's tables."""
     from pagedkv.errors import PagedKVValueError
-    from pagedkv.v1 import KVCacheManager, Scheduler
     from pagedkv.viz import draw_worker_rows, rows_after, worker_rows_text
 
-    s = Scheduler(KVCacheManager(block_size=4, num_gpu_blocks=5))
-    s.add_request("A", [1, 2, 3, 4, 5, 6], 8)
-    s.add_request("B", [7, 8, 9, 10, 11], 8)
-    tables, preempted, back, gone = [], {}, {}, set()
-    while s.has_requests():
-        out = s.schedule()
-        step = len(tables)
-        if out.preempted_req_ids:
-            preempted[step] = list(out.preempted_req_ids)
-            gone.update(out.preempted_req_ids)
-        if returned := {r: s.requests[r].num_cached_tokens for r in out.scheduled_new_reqs if r in gone}:
-            back[step] = returned
-        s.update_from_output(out, {r: 5 for r in s.sampling_request_ids(out)})
-        tables.append({r: list(t) for r, t in s.kv_cache_manager.snapshot().tables.items()})
+    tables, preempted, back = _tight_pool_run()
     worker = {}  # the worker's rows, built from nothing but what each step sends
     for step in range(len(tables)):
         for request_id, row in rows_after(tables, step, preempted).items():

@@ -374,3 +374,9 @@ def align_panels(axes) -> None:
 def _lighter(hex_color: str, amount: float = 0.6) -> tuple:
     r, g, b = (int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5))
     return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
+
+
+def _ink(color: str) -> str:
+    """Black or white text, whichever reads on ``color``."""
+    r, g, b = (int(color[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"

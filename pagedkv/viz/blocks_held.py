@@ -15,10 +15,14 @@ from .block_map import PALETTE
 PREEMPTED, BACK = "#222222", "#CC0000"
 
 
-def _check(tables, preempted, back) -> tuple[list, dict, dict]:
+def _check_tables(tables) -> None:
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise PagedKVValueError("tables must be a list with one {request: block ids} dict per step "
                                 "(each step's snapshot().tables).")
+
+
+def _check(tables, preempted, back) -> tuple[list, dict, dict]:
+    _check_tables(tables)
     preempted, back = dict(preempted or {}), dict(back or {})
     for name, events in (("preempted", preempted), ("back", back)):
         if any(not isinstance(s, int) or not 0 <= s < len(tables) for s in events):

@@ -20,7 +20,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..kernels.cuda_device import WARP_SIZE
 from ..kernels.cuda_vllm import WORD_BYTES, heads_per_block, thread_group_layout
-from .block_map import PALETTE
+from .block_map import PALETTE, _ink
 
 STATIC_ESTIMATES = Path(__file__).resolve().parent.parent / "data" / "static_estimates.json"
 
@@ -645,12 +645,6 @@ def unified_grid_text(grid: UnifiedGrid) -> str:
                      f"{grid.num_heads * sum(grid.q_lens)} programs, each merging its row's partial max, sum and "
                      f"output ({parts} segments) into one")
     return "\n".join(lines)
-
-
-def _ink(color: str) -> str:
-    """Black or white text, whichever reads on ``color``."""
-    r, g, b = (int(color[i:i + 2], 16) / 255 for i in (1, 3, 5))
-    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
 
 
 def _spare(ax, x, y, w=1.0, h=1.0, text=""):

@@ -14,20 +14,15 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
 from ..errors import PagedKVValueError
-from .block_map import PALETTE, _lighter
+from .block_map import PALETTE, _ink, _lighter
+from .blocks_held import _check_tables
+from .blocks_held import _requests as _requests_in_order
 
 KEPT_EDGE, TEXT, GONE = "#555555", "#222222", "#777777"
 
 
-def _dark(hex_color: str) -> bool:
-    r, g, b = (int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5))
-    return 0.299 * r + 0.587 * g + 0.114 * b < 0.5
-
-
 def _check(tables, steps, preempted, back) -> tuple[list, list, dict, dict]:
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise PagedKVValueError("tables must be a list with one {request: block ids} dict per step "
-                                "(each step's snapshot().tables).")
+    _check_tables(tables)
     steps = list(steps)
     if not steps or any(not isinstance(s, int) or not 0 <= s < len(tables) for s in steps):
         raise PagedKVValueError(f"steps must be step numbers of the run, 0 to {len(tables) - 1}; got {steps!r}.")
@@ -54,7 +49,7 @@ def rows_after(tables: list, step: int, preempted: dict | None = None) -> dict:
 def _requests(tables, steps) -> list:
     """The requests any shown step holds a row of (or drops one in), in the order they first hold a table."""
     shown = {r for s in steps for r in rows_after(tables, s)}
-    return [r for r in dict.fromkeys(r for table in tables for r in table) if r in shown]
+    return [r for r in _requests_in_order(tables) if r in shown]
 
 
 def _cached_blocks(back, step, request_id, block_size) -> int:
@@ -132,7 +127,7 @@ def draw_worker_rows(tables: list, steps, preempted: dict | None = None, back: d
                         face, edge, weight, hatch = "white", colors[request_id], "normal", None
                     ax.add_patch(Rectangle((start + n + 0.05, y + 0.05), 0.9, 0.8, facecolor=face, edgecolor=edge,
                                            linewidth=1.6 if side == "worker" else 0.8, hatch=hatch))
-                    ink = "white" if side == "worker" and is_sent and _dark(face) else TEXT
+                    ink = "white" if side == "worker" and is_sent and _ink(face) == "white" else TEXT
                     ax.text(start + n + 0.5, y + 0.45, str(block_id), ha="center", va="center", fontsize=9,
                             color=ink, weight=weight)
         ax.set_xlim(-0.2, total + 0.2)
